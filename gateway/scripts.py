@@ -1,0 +1,37 @@
+"""The Lua scripts, read once from the package and called by SHA with a fallback to EVAL.
+
+A `NOSCRIPT` reply (after `SCRIPT FLUSH`, a restart or a failover to a replica that never saw the
+script) is answered by sending the same call as `EVAL`, which also caches the script again; no
+caller sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gateway.redis_client import RedisConnection, RedisReplyError
+
+
+def read_script(name: str) -> str:
+    try:
+        return resources.files("gateway.lua").joinpath(f"{name}.lua").read_text()
+    except (ModuleNotFoundError, FileNotFoundError):
+        return (Path(__file__).resolve().parent.parent / "lua" / f"{name}.lua").read_text()
+
+
+class Script:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = read_script(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    async def run(
+        self, conn: RedisConnection, keys: list[str], args: list[bytes | str | int]
+    ) -> Any:
+        reply = await conn.call("EVALSHA", self.sha, len(keys), *keys, *args)
+        if isinstance(reply, RedisReplyError) and str(reply).startswith("NOSCRIPT"):
+            reply = await conn.call("EVAL", self.source, len(keys), *keys, *args)
+        return reply

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests and benchmark use, when they are missing and we may.
+set -euo pipefail
+need=()
+command -v faketime >/dev/null || need+=(faketime)
+[ -x /usr/bin/redis-server ] || need+=(redis-server)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  echo "system-deps: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
+  exit 1
+fi
+echo "system-deps: installing ${need[*]}"
+apt-get update -qq >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Debian's redis-server package starts a system service; the tests run their own.
+(service redis-server stop || true) >/dev/null 2>&1
+(service nginx stop || true) >/dev/null 2>&1

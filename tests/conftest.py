@@ -1,0 +1,41 @@
+"""Real Redis servers for the suite. No fakes, no skips: a missing binary is an error."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_proc import RedisClock, RedisProcess, binaries
+
+os.environ.setdefault("TZ", "UTC")
+
+
+@pytest.fixture(scope="session")
+def redis_proc() -> Iterator[RedisProcess]:
+    """One Redis 6.2 (the pip-shipped server) for the whole session; tests use distinct keys."""
+    proc = RedisProcess()
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session", params=sorted(binaries()))
+def any_redis(request: pytest.FixtureRequest) -> Iterator[RedisProcess]:
+    """Each installed Redis version in turn (6.2 from pip, 7 from Debian)."""
+    proc = RedisProcess(binaries()[request.param])
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def clocked_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisClock]]:
+    """A pip-shipped redis-server whose clock the test sets (libfaketime, absolute time)."""
+    clock = RedisClock(tmp_path / "clock")
+    proc = RedisProcess(clock_file=clock.path)
+    proc.start()
+    yield proc, clock
+    proc.stop()
