@@ -62,7 +62,7 @@ class RedisProcess(EmbeddedRedis):
 
 
 class RedisClock:
-    """Drives a faketime'd redis-server's clock: absolute timestamps, written to its clock file."""
+    """Drives a faketime'd redis-server's clock: frozen at absolute timestamps written to its clock file."""
 
     def __init__(self, path: Path, start: float | None = None) -> None:
         self.path = path
@@ -74,7 +74,7 @@ class RedisClock:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when))
         frac = f"{when % 1:.6f}"[1:]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(f"@{stamp}{frac}\n")
+        tmp.write_text(f"{stamp}{frac}\n")  # no "@": the clock stands still until set
         os.replace(tmp, self.path)
 
     def advance(self, seconds: float) -> None:
