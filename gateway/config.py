@@ -653,7 +653,8 @@ def _rule(
     optional = OPTIONAL_FOR.get(algorithm, ())
     for pkey in ("limit", "window", "rate", "burst", "period"):
         if pkey in m and pkey not in needed and pkey not in optional:
-            r.problem(m[pkey], f"{key}.{pkey}", f"is not a parameter of {algorithm} (it takes {', '.join(needed + optional)})")
+            takes = ", ".join(needed + optional)
+            r.problem(m[pkey], f"{key}.{pkey}", f"is not a parameter of {algorithm} (it takes {takes})")
     for pkey in needed:
         if pkey not in m:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
@@ -669,7 +670,8 @@ def _rule(
     if "burst" in m and "burst" in needed:
         values["burst"] = r.integer(m["burst"], f"{key}.burst", 1, 1_000_000_000)
     if algorithm == "sliding_log" and (values.get("limit") or 0) > 100_000:
-        r.problem(m["limit"], f"{key}.limit", "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)")
+        message = "sliding_log keeps one entry per request; use at most 100000 (or sliding_window)"
+        r.problem(m["limit"], f"{key}.limit", message)
     by: list[Source] = []
     if "by" in m:
         for j, snode in enumerate(r.sequence(m["by"], f"{key}.by") or []):
@@ -703,7 +705,8 @@ def _rule(
         return None
     rule = Rule(name=name, by=tuple(by), algorithm=algorithm, **values)
     if rule.cost > rule.capacity:
-        r.problem(m.get("cost"), f"{key}.cost", f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}")
+        message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
+        r.problem(m.get("cost"), f"{key}.cost", message)
     return rule
 
 
@@ -717,7 +720,8 @@ def _source(
     kind = kind.strip()
     name = name.strip()
     if kind not in SOURCE_KINDS:
-        r.problem(node, key, f"{text!r} is not an identity source (one of: ip, method, body, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM)")
+        known = "ip, method, body, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM"
+        r.problem(node, key, f"{text!r} is not an identity source (one of: {known})")
         return None
     if kind in ("ip", "method", "body"):
         if name:
@@ -728,7 +732,8 @@ def _source(
         r.problem(node, key, f"{kind} needs a name, as in {kind}:NAME")
         return None
     if kind == "path" and name not in params:
-        r.problem(node, key, f"path parameter {name!r} is not in the route's path (it has: {', '.join(params) or 'none'})")
+        has = ", ".join(params) or "none"
+        r.problem(node, key, f"path parameter {name!r} is not in the route's path (it has: {has})")
         return None
     if kind == "jwt" and not jwt.algorithms:
         r.problem(node, key, "jwt identities need a top-level jwt: section with a key to verify tokens")

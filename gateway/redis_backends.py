@@ -26,7 +26,7 @@ class StandaloneRunner:
             self.conn.close()  # failed over: the next call reconnects to the new primary's address
         return reply
 
-    async def command(self, *args: bytes | str | int) -> Any:
+    async def command(self, key: str | None, *args: bytes | str | int) -> Any:
         return await self.conn.call(*args)
 
     def reset_connections(self) -> None:
@@ -127,6 +127,19 @@ class ClusterRunner:
                     continue
             return reply
         raise RedisUnavailable("cluster kept redirecting the call")
+
+    async def command(self, key: str | None, *args: bytes | str | int) -> Any:
+        if key is None:
+            if not self.nodes:
+                await self.refresh()
+            return await next(iter(self.nodes.values())).call(*args)
+        slot = key_slot(key)
+        if self.slots[slot] is None:
+            await self.refresh()
+        owner = self.slots[slot]
+        if owner is None:
+            raise RedisUnavailable(f"no cluster node serves slot {slot}")
+        return await self.nodes[owner].call(*args)
 
     def reset_connections(self) -> None:
         for conn in self.nodes.values():

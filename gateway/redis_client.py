@@ -12,7 +12,7 @@ import asyncio
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
@@ -127,8 +127,7 @@ class RedisConnection:
                 )
         except OSError as exc:
             raise RedisUnavailable(f"cannot connect to Redis at {addr.describe()}: {exc}") from exc
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         hello: list[tuple[bytes | str | int, ...]] = []
         if addr.password is not None:
             auth: tuple[str, ...] = (addr.username, addr.password) if addr.username else (
@@ -141,7 +140,7 @@ class RedisConnection:
             reply = await self._send(args, self.timeout)
             if isinstance(reply, RedisReplyError):
                 self.close()
-                raise RedisUnavailable(f"Redis refused {args[0]}: {reply}")
+                raise RedisUnavailable(f"Redis refused {args[0]!r}: {reply}")
 
     async def _ensure(self, timeout: float) -> None:
         if self._transport is not None:

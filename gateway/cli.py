@@ -1,0 +1,85 @@
+"""Command line: `gateway serve` and `gateway check`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+from gateway.settings import Settings, from_env
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="A rate-limiting reverse proxy backed by Redis."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="routes.yaml (env GATEWAY_CONFIG; default routes.yaml)")
+    serve.add_argument("--host", help="proxy address (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="proxy port (env GATEWAY_PORT; default 8080)")
+    serve.add_argument("--admin-host", help="admin address (default: same as --host)")
+    serve.add_argument("--admin-port", type=int, help="admin port (env GATEWAY_ADMIN_PORT; default 9090)")
+    serve.add_argument("--workers", type=int, help="worker processes (env GATEWAY_WORKERS; default 1)")
+    serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
+    check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
+    check.add_argument("config", help="path to routes.yaml")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "check":
+        return check(args.config)
+    try:
+        settings = from_env(os.environ)
+    except ValueError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return 2
+    flags = {
+        "config_path": args.config, "host": args.host, "port": args.port,
+        "admin_host": args.admin_host, "admin_port": args.admin_port,
+        "workers": args.workers, "redis_url": args.redis_url,
+    }
+    settings = replace(settings, **{k: v for k, v in flags.items() if v is not None})
+    return serve(settings)
+
+
+def check(path: str) -> int:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{path}: {len(exc.problems)} error(s)", file=sys.stderr)
+        return 2
+    rules = sum(len(r.limits) for r in config.routes)
+    print(f"{path}: ok ({len(config.routes)} routes, {rules} rules, {len(config.upstreams)} upstreams)")
+    return 0
+
+
+def serve(settings: Settings) -> int:
+    from gateway.supervisor import Supervisor, configure_logging
+
+    configure_logging(settings.log_level)
+    if settings.workers < 1:
+        print("gateway: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if settings.port == settings.admin_port:
+        print("gateway: the admin port must differ from the proxy port", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(settings.config_path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    return Supervisor(settings, config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The `by:` sources -> each rule's identity parts, from one request. Trusted proxies live here.
+
+Everything read from the request is hostile: lengths are bounded, values stay bytes until
+`keys.identity_token` encodes them, and X-Forwarded-For is believed only from a trusted peer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+import jwt as pyjwt
+
+from gateway.config import Config, JwtSettings, Rule, Source
+from gateway.errors import BadRequest, IdentityMissing
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+MAX_XFF_HOPS = 32
+
+
+def client_ip(peer: str, xff: bytes | None, trusted: Sequence[Network]) -> str:
+    """The client address: the peer, or, when the peer is a trusted proxy, the right-most
+    X-Forwarded-For address that is not itself a trusted proxy."""
+    if not trusted or xff is None or not _is_trusted(peer, trusted):
+        return peer
+    hops = xff.decode("latin-1").split(",")[-MAX_XFF_HOPS:]
+    candidate = peer
+    for hop in reversed(hops):
+        text = hop.strip()
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            return candidate  # garbage in the chain: trust nothing left of it
+        candidate = str(address)
+        if not any(address in net for net in trusted):
+            return candidate
+    return candidate
+
+
+def _is_trusted(peer: str, trusted: Sequence[Network]) -> bool:
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in net for net in trusted)
+
+
+class JwtVerifier:
+    """Verifies bearer tokens; only a verified token yields claims. Results are cached briefly."""
+
+    def __init__(self, settings: JwtSettings, cache_size: int = 4096) -> None:
+        self.settings = settings
+        self.key: Any = settings.secret if settings.secret else settings.public_key
+        self.cache: dict[bytes, dict[str, Any] | None] = {}
+        self.cache_size = cache_size
+
+    def claims(self, header_value: bytes | None) -> dict[str, Any] | None:
+        if not header_value or not self.settings.algorithms:
+            return None
+        token = header_value
+        if token[:7].lower() == b"bearer ":
+            token = token[7:].strip()
+        if len(token) > 8192:
+            return None
+        if token in self.cache:
+            cached = self.cache[token]
+            if cached is None or self._fresh(cached):
+                return cached
+        result = self._verify(token)
+        if len(self.cache) >= self.cache_size:
+            self.cache.clear()
+        self.cache[token] = result
+        return result
+
+    def _fresh(self, claims: dict[str, Any]) -> bool:
+        exp = claims.get("exp")
+        return not isinstance(exp, int | float) or exp + self.settings.leeway > time.time()
+
+    def _verify(self, token: bytes) -> dict[str, Any] | None:
+        s = self.settings
+        key = self.key
+        try:
+            options = {"require": [], "verify_aud": s.audience is not None}
+            claims: dict[str, Any] = pyjwt.decode(
+                token,
+                key=key,
+                algorithms=list(s.algorithms),
+                audience=s.audience,
+                issuer=s.issuer,
+                leeway=s.leeway,
+                options=options,  # type: ignore[arg-type]
+            )
+        except (pyjwt.PyJWTError, ValueError, TypeError):
+            return None
+        return claims
+
+
+@dataclass
+class RequestView:
+    """What identity sources read from one request, computed once and only on demand."""
+
+    scope: dict[str, Any]
+    params: dict[str, str]
+    config: Config
+    jwt: JwtVerifier | None
+    body_prefix: bytes | None = None
+    _headers: dict[bytes, bytes] | None = None
+    _query: dict[bytes, bytes] | None = None
+    _cookies: dict[bytes, bytes] | None = None
+    _ip: str | None = None
+    _claims: dict[str, Any] | None = field(default=None)
+    _claims_done: bool = False
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        if self._headers is None:
+            found: dict[bytes, bytes] = {}
+            for name, value in self.scope["headers"]:
+                found.setdefault(name, value)
+            self._headers = found
+        return self._headers
+
+    @property
+    def ip(self) -> str:
+        if self._ip is None:
+            client = self.scope.get("client")
+            peer = client[0] if client else "0.0.0.0"
+            self._ip = client_ip(peer, self.headers.get(b"x-forwarded-for"), self.config.trusted_proxies)
+        return self._ip
+
+    def query(self, name: bytes) -> bytes | None:
+        if self._query is None:
+            pairs = parse_qsl(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            found: dict[bytes, bytes] = {}
+            for k, v in pairs[:256]:
+                found.setdefault(k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape"))
+            self._query = found
+        return self._query.get(name)
+
+    def cookie(self, name: bytes) -> bytes | None:
+        if self._cookies is None:
+            found: dict[bytes, bytes] = {}
+            raw = self.headers.get(b"cookie", b"")
+            for piece in raw.split(b";")[:256]:
+                k, sep, v = piece.strip().partition(b"=")
+                if sep:
+                    found.setdefault(k, v.strip().strip(b'"'))
+            self._cookies = found
+        return self._cookies.get(name)
+
+    def claim(self, name: str) -> bytes | None:
+        if not self._claims_done:
+            self._claims_done = True
+            if self.jwt is not None:
+                self._claims = self.jwt.claims(self.headers.get(self.jwt.settings.header.encode()))
+        if self._claims is None:
+            return None
+        value = self._claims.get(name)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            return None
+        return str(value).encode()
+
+    def read(self, source: Source) -> bytes | None:
+        kind = source.kind
+        if kind == "header":
+            return self.headers.get(source.name.encode("latin-1"))
+        if kind == "ip":
+            return self.ip.encode()
+        if kind == "path":
+            value = self.params.get(source.name)
+            return value.encode("utf-8", "surrogateescape") if value is not None else None
+        if kind == "query":
+            return self.query(source.name.encode("latin-1"))
+        if kind == "cookie":
+            return self.cookie(source.name.encode("latin-1"))
+        if kind == "method":
+            return str(self.scope["method"]).encode()
+        if kind == "jwt":
+            return self.claim(source.name)
+        if kind == "body":
+            if self.body_prefix is None:
+                return None
+            length = self.headers.get(b"content-length", b"")
+            digest = hashlib.blake2b(
+                self.body_prefix[: self.config.body_digest_max_bytes], digest_size=16
+            )
+            digest.update(b"|" + length[:20])
+            return digest.hexdigest().encode()
+        raise AssertionError(kind)
+
+
+def rule_identity(rule: Rule, view: RequestView) -> list[bytes] | None:
+    """The rule's identity parts, or None when the rule is skipped for this request."""
+    parts: list[bytes] = []
+    limit = view.config.identity_max_bytes
+    for source in rule.by:
+        value = view.read(source)
+        if not value:
+            if rule.on_missing == "skip":
+                return None
+            if rule.on_missing == "ip":
+                return [b"", view.ip.encode()]  # an empty part: never equal to a real identity
+            raise IdentityMissing(rule.name, str(source))
+        if len(value) > limit:
+            raise BadRequest(f"{source} is longer than {limit} bytes")
+        parts.append(value)
+    return parts

@@ -1,0 +1,143 @@
+"""Streams one admitted request to its upstream and the answer back, in constant memory.
+
+aiohttp's client is the forwarding path (httpx collapses under concurrency: encode/httpx#3215).
+Its exceptions are converted to `UpstreamUnavailable` (502) and `UpstreamTimeout` (504) here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from gateway.config import Upstream
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
+})
+SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"})
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its body was being forwarded."""
+
+
+def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Hop-by-hop names: the fixed set plus any named in the Connection header."""
+    extra = [
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    ]
+    return HOP_BY_HOP | frozenset(extra) if extra else HOP_BY_HOP
+
+
+class UpstreamPool:
+    """One keep-alive connection pool per upstream."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.base = upstream.url
+        self.session: aiohttp.ClientSession | None = None
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=upstream.connect_timeout, sock_read=upstream.timeout
+        )
+
+    def open(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.upstream.max_connections,
+                limit_per_host=0,
+                ttl_dns_cache=10,
+                enable_cleanup_closed=False,
+            )
+            self.session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                timeout=self.timeout,
+                skip_auto_headers=SKIP_AUTO,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self.session
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def forward(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: AsyncIterator[bytes] | None,
+        send: Send,
+        extra_response_headers: list[tuple[bytes, bytes]],
+    ) -> int:
+        """Forward and stream the response to `send`. Returns the upstream status.
+
+        Raises UpstreamUnavailable/UpstreamTimeout only before the response has started; after
+        that a failure ends the client connection (an incomplete response is never made to look
+        complete).
+        """
+        session = self.open()
+        url = URL(self.base + target, encoded=True)
+        try:
+            response = await session.request(
+                method, url, headers=headers, data=body, allow_redirects=False,
+                compress=None, chunked=None, raise_for_status=False, auto_decompress=False,
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamTimeout(f"upstream '{self.upstream.name}' did not answer in time") from exc
+        except ClientDisconnected:
+            raise
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise UpstreamUnavailable(f"upstream '{self.upstream.name}' unreachable: {exc.__class__.__name__}") from exc
+        try:
+            raw = response.raw_headers
+            drop = hop_by_hop(list(raw))
+            out = [(k.lower(), v) for k, v in raw if k.lower() not in drop]
+            out.extend(extra_response_headers)
+            await send({"type": "http.response.start", "status": response.status, "headers": out})
+            if method == "HEAD":
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return response.status
+            content = response.content
+            try:
+                while True:
+                    chunk = await content.readany()
+                    if not chunk:
+                        break
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError):
+                return -response.status  # the client connection is closed by the server
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return response.status
+        finally:
+            response.release()
+
+
+async def request_body(
+    prefix: bytes, more: bool, receive: Receive
+) -> AsyncIterator[bytes]:
+    """The request body: an already-read prefix, then the rest as it arrives."""
+    if prefix:
+        yield prefix
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        if chunk:
+            yield chunk

@@ -1,0 +1,93 @@
+"""What the client sees when the gateway answers itself: problem+json and rate-limit headers."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any
+
+from gateway.config import Route, Rule
+from gateway.limiter import Decision, Outcome
+
+Headers = list[tuple[bytes, bytes]]
+PROBLEM = b"application/problem+json"
+
+
+def problem(status: int, detail: str, **extra: Any) -> tuple[int, Headers, bytes]:
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:
+        title = "Error"
+    body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status, "detail": detail}
+    body.update(extra)
+    data = json.dumps(body, separators=(", ", ": ")).encode()
+    return status, [(b"content-type", PROBLEM), (b"content-length", str(len(data)).encode())], data
+
+
+def _seconds(ms: int) -> int:
+    return max(0, math.ceil(ms / 1000))
+
+
+def most_restrictive(rules: Sequence[Rule], decision: Decision) -> int | None:
+    """The rule to name in headers: the refusing one, else the enforced rule with least left."""
+    if decision.refused_by is not None:
+        return decision.refused_by
+    best: int | None = None
+    for i, state in enumerate(decision.rules):
+        if rules[i].shadow:
+            continue
+        if best is None:
+            best = i
+            continue
+        current = decision.rules[best]
+        if (state.remaining, -state.reset_ms) < (current.remaining, -current.reset_ms):
+            best = i
+    return best
+
+
+def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> Headers:
+    if mode == "none":
+        return []
+    index = most_restrictive(rules, decision)
+    if index is None:
+        return []
+    rule, state = rules[index], decision.rules[index]
+    quota = rule.quota_size
+    remaining = max(0, state.remaining)
+    headers: Headers = []
+    if mode in ("draft", "both"):
+        policy = f'"{rule.name}";q={quota}'
+        if rule.policy_window > 0:
+            policy += f";w={math.ceil(rule.policy_window)}"
+        current = f'"{rule.name}";r={remaining}'
+        if state.reset_ms >= 0:
+            current += f";t={_seconds(state.reset_ms)}"
+        headers.append((b"ratelimit-policy", policy.encode()))
+        headers.append((b"ratelimit", current.encode()))
+    if mode in ("legacy", "both"):
+        headers.append((b"x-ratelimit-limit", str(quota).encode()))
+        headers.append((b"x-ratelimit-remaining", str(remaining).encode()))
+        if state.reset_ms >= 0:
+            headers.append((b"x-ratelimit-reset", str(_seconds(state.reset_ms)).encode()))
+    return headers
+
+
+def refusal(route: Route, rules: Sequence[Rule], decision: Decision) -> tuple[int, Headers, bytes]:
+    index = decision.refused_by
+    assert index is not None
+    rule = rules[index]
+    state = decision.rules[index]
+    extra: dict[str, Any] = {"route": route.name, "rule": rule.name}
+    if state.outcome is Outcome.NEVER_FITS:
+        detail = f"request cost exceeds what rule '{rule.name}' of route '{route.name}' can ever admit"
+    else:
+        detail = f"rate limit '{rule.name}' of route '{route.name}' exceeded"
+    if decision.retry_after_ms is not None:
+        extra["retry_after_ms"] = decision.retry_after_ms
+    status, headers, body = problem(rule.status, detail, **extra)
+    if decision.retry_after_ms is not None:
+        headers.append((b"retry-after", str(_seconds(decision.retry_after_ms)).encode()))
+    headers.extend(ratelimit_headers(route.headers, rules, decision))
+    return status, headers, body

@@ -1,0 +1,84 @@
+"""One configuration in force: compiled routes, per-route rule plans, upstream pools, limiter.
+
+A reload builds a new Runtime and swaps it in; requests hold the Runtime they started with, and
+the old one closes what the new one does not reuse once its last request has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gateway.config import Config, RedisSettings, Route, Rule
+from gateway.identity import JwtVerifier
+from gateway.keys import state_key
+from gateway.limiter import Limiter, rule_args
+from gateway.match import Router
+from gateway.proxy import UpstreamPool
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    route: Route
+    rules: tuple[Rule, ...]
+    args: tuple[list[bytes], ...]
+    prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
+    needs_body: bool
+    pool: UpstreamPool
+
+
+@dataclass
+class Runtime:
+    config: Config
+    redis: RedisSettings
+    limiter: Limiter
+    router: Router
+    plans: dict[str, RoutePlan]
+    pools: dict[str, UpstreamPool]
+    jwt: JwtVerifier | None
+    in_flight: int = 0
+    retired: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def enter(self) -> None:
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if self.retired and self.in_flight == 0:
+            self.drained.set()
+
+
+def build_runtime(
+    config: Config,
+    redis: RedisSettings,
+    limiter: Limiter,
+    reuse: dict[str, UpstreamPool] | None = None,
+) -> Runtime:
+    reuse = reuse or {}
+    pools: dict[str, UpstreamPool] = {}
+    for name, upstream in config.upstreams.items():
+        old = reuse.get(name)
+        pools[name] = old if old is not None and old.upstream == upstream else UpstreamPool(upstream)
+    plans: dict[str, RoutePlan] = {}
+    for route in config.routes:
+        plans[route.name] = RoutePlan(
+            route=route,
+            rules=route.limits,
+            args=tuple(rule_args(rule) for rule in route.limits),
+            prefix_keys=tuple(
+                state_key(redis.key_prefix, route.name, rule.name, "") for rule in route.limits
+            ),
+            needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
+            pool=pools[route.upstream.name],
+        )
+    uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by)
+    return Runtime(
+        config=config,
+        redis=redis,
+        limiter=limiter,
+        router=Router(config.routes),
+        plans=plans,
+        pools=pools,
+        jwt=JwtVerifier(config.jwt) if uses_jwt else None,
+    )

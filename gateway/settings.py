@@ -1,0 +1,70 @@
+"""All process settings in one typed object: defaults < environment < command-line flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from gateway.config import Config, RedisSettings
+
+
+@dataclass(frozen=True)
+class Settings:
+    config_path: str = "routes.yaml"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    admin_host: str | None = None          # None: same as host
+    admin_port: int = 9090
+    workers: int = 1
+    redis_url: str | None = None           # overrides routes.yaml's redis.url
+    log_level: str = "info"
+    drain_timeout: float = 10.0            # SIGTERM: how long in-flight requests may take
+    watch_interval: float = 1.0            # how often the config file is checked for changes
+    embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
+
+    @property
+    def effective_admin_host(self) -> str:
+        return self.admin_host or self.host
+
+
+ENV_KEYS = {
+    "GATEWAY_CONFIG": ("config_path", str),
+    "GATEWAY_PORT": ("port", int),
+    "GATEWAY_ADMIN_PORT": ("admin_port", int),
+    "GATEWAY_WORKERS": ("workers", int),
+    "GATEWAY_REDIS_URL": ("redis_url", str),
+    "GATEWAY_LOG_LEVEL": ("log_level", str),
+    "GATEWAY_HOST": ("host", str),
+    "GATEWAY_ADMIN_HOST": ("admin_host", str),
+    "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
+}
+
+
+def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
+    settings = base or Settings()
+    values: dict[str, object] = {}
+    for name, (field_name, kind) in ENV_KEYS.items():
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            values[field_name] = kind(raw)
+        except ValueError as exc:
+            raise ValueError(f"{name}={raw!r}: {exc}") from exc
+    return replace(settings, **values)  # type: ignore[arg-type]
+
+
+def redis_settings(settings: Settings, config: Config) -> RedisSettings:
+    """The Redis the gateway uses: flag/env URL, else routes.yaml's, else the embedded server."""
+    url = settings.redis_url or config.redis.url or settings.embedded_redis_url or ""
+    mode = config.redis.mode if (settings.redis_url or config.redis.url) else "standalone"
+    return replace(config.redis, url=url, mode=mode)
+
+
+def needs_embedded_redis(settings: Settings, config: Config) -> bool:
+    return not (settings.redis_url or config.redis.url)
+
+
+def process_env() -> Mapping[str, str]:
+    return os.environ

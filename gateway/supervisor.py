@@ -1,0 +1,202 @@
+"""`gateway serve`: bind the two ports, start the embedded Redis if needed, run N workers.
+
+The supervisor owns the sockets, the embedded redis-server and the metrics directory. It forwards
+SIGHUP (and changes of the config file) to the workers, which each validate and swap the config;
+on SIGTERM it lets the workers drain, stops Redis and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import FrameType
+
+from gateway.config import Config
+from gateway.embedded import EmbeddedRedis
+from gateway.settings import Settings, needs_embedded_redis
+
+log = logging.getLogger("gateway")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, config: Config) -> None:
+        self.settings = settings
+        self.config = config
+        self.workers: list[BaseProcess] = []
+        self.stopping = False
+        self.reload_requested = False
+        self.redis: EmbeddedRedis | None = None
+        self.metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+
+    def run(self) -> int:
+        settings = self.settings
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
+        os.environ["GATEWAY_SUPERVISED"] = "1"
+        try:
+            proxy = bind(settings.host, settings.port)
+            admin = bind(settings.effective_admin_host, settings.admin_port)
+        except OSError as exc:
+            log.error("cannot listen: %s", exc)
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            return 1
+        if needs_embedded_redis(settings, self.config):
+            self.redis = EmbeddedRedis()
+            self.redis.start()
+            settings = replace(settings, embedded_redis_url=self.redis.url)
+            self.settings = settings
+            log.info("no Redis URL configured: started an embedded redis-server at %s "
+                     "(for trying out and single boxes; set redis.url for production)", self.redis.url)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        context = multiprocessing.get_context("spawn")
+        sockets = [proxy, admin]
+        log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",
+                 settings.host, settings.port, settings.effective_admin_host,
+                 settings.admin_port, settings.workers, settings.config_path)
+        for _ in range(settings.workers):
+            self.workers.append(self._spawn(context, sockets))
+        stamp = _file_stamp(settings.config_path)
+        try:
+            while not self.stopping:
+                time.sleep(settings.watch_interval if settings.watch_interval > 0 else 1.0)
+                current = _file_stamp(settings.config_path)
+                if settings.watch_interval > 0 and current != stamp and current is not None:
+                    stamp = current
+                    log.info("%s changed on disk: reloading", settings.config_path)
+                    self.reload_requested = True
+                if self.reload_requested:
+                    self.reload_requested = False
+                    self._signal_workers(signal.SIGHUP)
+                self._replace_dead(context, sockets)
+        finally:
+            self._shutdown()
+            proxy.close()
+            admin.close()
+        return 0
+
+    def _spawn(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> BaseProcess:
+        process = context.Process(target=worker_main, args=(self.settings, sockets), daemon=False)
+        process.start()
+        return process
+
+    def _replace_dead(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> None:
+        from gateway.metrics import mark_worker_dead
+
+        for i, process in enumerate(self.workers):
+            if not process.is_alive() and not self.stopping:
+                log.error("worker %s exited with %s; starting a new one", process.pid, process.exitcode)
+                if process.pid is not None:
+                    mark_worker_dead(process.pid)
+                self.workers[i] = self._spawn(context, sockets)
+
+    def _signal_workers(self, sig: int) -> None:
+        for process in self.workers:
+            if process.pid is not None and process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, sig)
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _on_hup(self, signum: int, frame: FrameType | None) -> None:
+        self.reload_requested = True
+
+    def _shutdown(self) -> None:
+        self.stopping = True
+        log.info("shutting down: draining in-flight requests (at most %.0fs)", self.settings.drain_timeout)
+        self._signal_workers(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.drain_timeout + 5
+        for process in self.workers:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                log.error("worker %s did not stop in time; killing it", process.pid)
+                process.kill()
+                process.join()
+        if self.redis is not None:
+            self.redis.stop()
+            log.info("embedded redis-server stopped")
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+    access = logging.getLogger("gateway.access")
+    access.propagate = False
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+
+
+def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
+    import asyncio
+
+    import uvicorn
+
+    from gateway.app import Gateway
+
+    configure_logging(settings.log_level)
+    gateway = Gateway(settings)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
+            await super().startup(sockets=sockets)
+
+    config = uvicorn.Config(
+        app=gateway,
+        loop="uvloop",
+        http="httptools",
+        ws="none",
+        lifespan="on",
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=int(settings.drain_timeout),
+        timeout_keep_alive=15,
+    )
+    server = Server(config)
+    server.run(sockets=sockets)
+    if not server.started:
+        sys.exit(3)
+
+
+def config_path_exists(path: str) -> bool:
+    return Path(path).is_file()
