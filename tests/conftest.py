@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.redis_proc import RedisClock, RedisProcess, binaries
+from tests.support.upstream import Upstream
 
 os.environ.setdefault("TZ", "UTC")
 
@@ -39,3 +40,12 @@ def clocked_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisClock]]:
     proc.start()
     yield proc, clock
     proc.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    """A real HTTP upstream (tests/support/upstream.py) for the whole session."""
+    server = Upstream()
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,121 @@
+"""A real upstream HTTP server for the end-to-end tests (run as a subprocess).
+
+    GET/POST /echo            JSON: method, path, query, headers, body length and sha256
+    GET      /bytes?size=N    streams N bytes (1 MiB chunks) without holding them
+    POST     /upload          consumes the body chunk by chunk; JSON: length and sha256
+    GET      /slow?delay=S    answers after S seconds
+    GET      /status/N        answers with status N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import time
+
+from aiohttp import web
+
+from tests.support.ports import free_port
+
+CHUNK = b"x" * (1 << 20)
+
+
+async def echo(request: web.Request) -> web.Response:
+    body = await request.read()
+    payload = {
+        "method": request.method,
+        "path": request.path,
+        "raw_path": request.raw_path,
+        "query": request.query_string,
+        "headers": [[k, v] for k, v in request.headers.items()],
+        "length": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "received_at": time.time(),
+    }
+    return web.json_response(payload, headers={"X-Upstream": "echo", "Keep-Alive": "timeout=5"})
+
+
+async def stream_bytes(request: web.Request) -> web.StreamResponse:
+    size = int(request.query.get("size", "0"))
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.content_length = size
+    await response.prepare(request)
+    left = size
+    while left > 0:
+        piece = CHUNK if left >= len(CHUNK) else CHUNK[:left]
+        await response.write(piece)
+        left -= len(piece)
+    await response.write_eof()
+    return response
+
+
+async def upload(request: web.Request) -> web.Response:
+    digest = hashlib.sha256()
+    length = 0
+    async for chunk in request.content.iter_any():
+        digest.update(chunk)
+        length += len(chunk)
+    return web.json_response({"length": length, "sha256": digest.hexdigest()})
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(float(request.query.get("delay", "1")))
+    return web.json_response({"slow": True})
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response({"status": True}, status=int(request.match_info["code"]))
+
+
+def make_app() -> web.Application:
+    app = web.Application(client_max_size=1 << 40)
+    app.router.add_route("*", "/echo", echo)
+    app.router.add_route("*", "/echo/{tail:.*}", echo)
+    app.router.add_get("/bytes", stream_bytes)
+    app.router.add_post("/upload", upload)
+    app.router.add_get("/slow", slow)
+    app.router.add_get("/status/{code}", status)
+    app.router.add_route("*", "/{tail:.*}", echo)
+    return app
+
+
+class Upstream:
+    """Runs this module in a subprocess on a free port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        from tests.support.waiting import wait_for_port
+
+        wait_for_port(self.port, self.process)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
