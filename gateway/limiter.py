@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from gateway.config import ALGORITHMS, BUCKET_ALGORITHMS, Rule
 from gateway.errors import RedisUnavailable
 from gateway.redis_client import RedisReplyError
 from gateway.scripts import Script
+
+log = logging.getLogger("gateway.limiter")
 
 
 class Outcome(IntEnum):
@@ -116,12 +119,16 @@ class Limiter:
             reply = await self.runner.run(self.script, keys, args)
             if isinstance(reply, RedisReplyError):
                 raise RedisUnavailable(f"Redis refused the decision: {reply}")
-        except RedisUnavailable:
+        except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
             if self.breaker.record_failure():
+                log.warning("Redis unavailable (%s): breaker open for %.1fs; routes follow their "
+                            "failure_mode until it answers again", exc, self.breaker.open_for)
                 self.runner.reset_connections()
             raise
+        if self.breaker.state is not BreakerState.CLOSED:
+            log.warning("Redis answers again: breaker closed, limits apply")
         self.breaker.record_success()
         if self.observe:
             self.observe(time.perf_counter() - started, True)
