@@ -12,7 +12,7 @@ import asyncio
 import ssl
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
@@ -127,7 +127,7 @@ class RedisConnection:
                 )
         except OSError as exc:
             raise RedisUnavailable(f"cannot connect to Redis at {addr.describe()}: {exc}") from exc
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._transport = transport  # uvloop's transport is not an asyncio.Transport subclass
         hello: list[tuple[bytes | str | int, ...]] = []
         if addr.password is not None:
             auth: tuple[str, ...] = (addr.username, addr.password) if addr.username else (
