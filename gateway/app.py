@@ -29,7 +29,7 @@ from gateway.errors import (
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import identity_token
 from gateway.limiter import Decision, Limiter, Outcome
-from gateway.proxy import ClientDisconnected, hop_by_hop, request_body
+from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody, hop_by_hop
 from gateway.redis_backends import make_runner
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime, build_runtime
@@ -262,7 +262,7 @@ class Gateway:
             headers.append(("Content-Length", length.decode("latin-1")))
         body = None
         if more_body or view.body_prefix:
-            body = request_body(view.body_prefix or b"", more_body, receive)
+            body = RequestBody(view.body_prefix or b"", more_body, receive)
         target = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string")
         target_text = target.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
@@ -279,6 +279,8 @@ class Gateway:
         except UpstreamUnavailable as exc:
             metrics.UPSTREAM_ERRORS.labels(pool.upstream.name, "unavailable").inc()
             return await _answer(send, problem(502, str(exc)), request_id)
+        except ClientTooSlow:
+            return await _answer(send, problem(408, "the request body stopped arriving"), request_id)
         except ClientDisconnected:
             return 499
         metrics.UPSTREAM_LATENCY.labels(pool.upstream.name).observe(time.perf_counter() - started)

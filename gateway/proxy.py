@@ -27,8 +27,19 @@ HOP_BY_HOP = frozenset({
 SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"})
 
 
+BODY_CHUNK_TIMEOUT = 30.0
+
+
+def _body_timeout() -> float:
+    return BODY_CHUNK_TIMEOUT  # read at call time: the worker sets it from Settings
+
+
 class ClientDisconnected(Exception):
     """The client went away while its body was being forwarded."""
+
+
+class ClientTooSlow(ClientDisconnected):
+    """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
 
 
 def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
@@ -80,7 +91,7 @@ class UpstreamPool:
         method: str,
         target: str,
         headers: list[tuple[str, str]],
-        body: AsyncIterator[bytes] | None,
+        body: RequestBody | None,
         send: Send,
         extra_response_headers: list[tuple[bytes, bytes]],
     ) -> int:
@@ -94,14 +105,18 @@ class UpstreamPool:
         url = URL(self.base + target, encoded=True)
         try:
             response = await session.request(
-                method, url, headers=headers, data=body, allow_redirects=False,
+                method, url, headers=headers, data=body.__aiter__() if body else None, allow_redirects=False,
                 compress=None, chunked=None, raise_for_status=False, auto_decompress=False,
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            if body is not None and body.failure is not None:
+                raise body.failure from exc
             raise UpstreamTimeout(f"upstream '{self.upstream.name}' did not answer in time") from exc
         except ClientDisconnected:
             raise
         except (aiohttp.ClientError, OSError, ValueError) as exc:
+            if body is not None and body.failure is not None:
+                raise body.failure from exc
             raise UpstreamUnavailable(f"upstream '{self.upstream.name}' unreachable: {exc.__class__.__name__}") from exc
         try:
             raw = response.raw_headers
@@ -127,17 +142,33 @@ class UpstreamPool:
             response.release()
 
 
-async def request_body(
-    prefix: bytes, more: bool, receive: Receive
-) -> AsyncIterator[bytes]:
-    """The request body: an already-read prefix, then the rest as it arrives."""
-    if prefix:
-        yield prefix
-    while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        chunk = message.get("body", b"")
-        more = message.get("more_body", False)
-        if chunk:
-            yield chunk
+class RequestBody:
+    """The request body: an already-read prefix, then the rest as it arrives from the client.
+
+    aiohttp sends it from its own task and reports a failure of ours as a connection error; the
+    real cause is kept in `failure` so the caller can answer for the client, not the upstream.
+    """
+
+    def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:
+        self.prefix = prefix
+        self.more = more
+        self.receive = receive
+        self.failure: ClientDisconnected | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.prefix:
+            yield self.prefix
+        more = self.more
+        while more:
+            try:
+                message = await asyncio.wait_for(self.receive(), _body_timeout())
+            except TimeoutError:
+                self.failure = ClientTooSlow()
+                raise self.failure from None
+            if message["type"] == "http.disconnect":
+                self.failure = ClientDisconnected()
+                raise self.failure
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if chunk:
+                yield chunk

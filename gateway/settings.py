@@ -21,6 +21,8 @@ class Settings:
     log_level: str = "info"
     drain_timeout: float = 10.0            # SIGTERM: how long in-flight requests may take
     watch_interval: float = 1.0            # how often the config file is checked for changes
+    header_timeout: float = 10.0           # a client must send its request head within this
+    body_timeout: float = 30.0             # ... and never pause its body longer than this
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
 
     @property
@@ -38,6 +40,8 @@ ENV_KEYS = {
     "GATEWAY_HOST": ("host", str),
     "GATEWAY_ADMIN_HOST": ("admin_host", str),
     "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
+    "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
+    "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
 }
 
 

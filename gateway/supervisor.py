@@ -167,9 +167,13 @@ def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
 
     import uvicorn
 
+    from gateway import http_protocol, proxy
     from gateway.app import Gateway
+    from gateway.http_protocol import BoundedHttpToolsProtocol
 
     configure_logging(settings.log_level)
+    http_protocol.HEADER_TIMEOUT = settings.header_timeout
+    proxy.BODY_CHUNK_TIMEOUT = settings.body_timeout
     gateway = Gateway(settings)
 
     class Server(uvicorn.Server):
@@ -180,7 +184,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
     config = uvicorn.Config(
         app=gateway,
         loop="uvloop",
-        http="httptools",
+        http=BoundedHttpToolsProtocol,
         ws="none",
         lifespan="on",
         log_config=None,

@@ -44,7 +44,7 @@ async def stream_bytes(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = size
     await response.prepare(request)
-    left = size
+    left = 0 if request.method == "HEAD" else size
     while left > 0:
         piece = CHUNK if left >= len(CHUNK) else CHUNK[:left]
         await response.write(piece)

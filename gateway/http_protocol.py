@@ -1,0 +1,122 @@
+"""uvicorn's httptools protocol with the bounds a proxy facing the internet needs.
+
+- the request line and headers together may not exceed `MAX_HEADER_BYTES` (431), the URL alone
+  `MAX_URL_BYTES` (414); nothing past the bound is buffered;
+- a client must finish sending its headers within `HEADER_TIMEOUT` seconds of starting (408):
+  slow-header (slowloris) connections are closed instead of held open;
+- malformed requests, including conflicting Content-Length / Transfer-Encoding, are refused by the
+  parser (400) and never forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEADER_BYTES = 64 * 1024
+MAX_URL_BYTES = 8 * 1024
+HEADER_TIMEOUT = 10.0
+
+
+class _TooLarge(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+def _problem_bytes(status: int, title: str, detail: str) -> bytes:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    head = (
+        f"HTTP/1.1 {status} {title}\r\ncontent-type: application/problem+json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_headers = True
+        self._header_bytes = 0
+        self._url_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(HEADER_TIMEOUT, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self._in_headers and self._header_bytes and not self.transport.is_closing():
+            self._refuse(408, "Request Timeout", f"request headers not received within {HEADER_TIMEOUT:.0f}s")
+        elif self._in_headers and not self.transport.is_closing() and self.cycle is None:
+            self.transport.close()  # connected and silent: nothing to answer
+
+    def _refuse(self, status: int, title: str, detail: str) -> None:
+        self.logger.info("refused a request: %s", detail)
+        self.transport.write(_problem_bytes(status, title, detail))
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers:
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES:
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+                return
+        try:
+            super().data_received(data)
+        except _TooLarge as exc:  # pragma: no cover - converted by the parser, kept for safety
+            self._too_large(exc.status)
+
+    def _too_large(self, status: int) -> None:
+        if status == 414:
+            self._refuse(414, "URI Too Long", f"the URL exceeds {MAX_URL_BYTES // 1024} KiB")
+        else:
+            self._refuse(431, "Request Header Fields Too Large",
+                         f"request headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers = True
+        self._url_bytes = 0
+        self._arm_header_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._url_bytes += len(url)
+        if self._url_bytes > MAX_URL_BYTES:
+            self._too_large(414)
+            raise httptools.HttpParserError("URL too long")
+        super().on_url(url)
+
+    def on_message_complete(self) -> None:
+        self._in_headers = True  # whatever arrives next on this connection is a new request's head
+        super().on_message_complete()
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._header_bytes = 0
+        self._disarm_header_timer()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self.transport.is_closing():
+            return  # already answered (414/431)
+        self.transport.write(_problem_bytes(400, "Bad Request", msg))
+        self.transport.close()
