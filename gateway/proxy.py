@@ -27,11 +27,7 @@ HOP_BY_HOP = frozenset({
 SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"})
 
 
-BODY_CHUNK_TIMEOUT = 30.0
-
-
-def _body_timeout() -> float:
-    return BODY_CHUNK_TIMEOUT  # read at call time: the worker sets it from Settings
+BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
 
 
 class ClientDisconnected(Exception):
@@ -161,7 +157,7 @@ class RequestBody:
         more = self.more
         while more:
             try:
-                message = await asyncio.wait_for(self.receive(), _body_timeout())
+                message = await asyncio.wait_for(self.receive(), BODY_CHUNK_TIMEOUT)
             except TimeoutError:
                 self.failure = ClientTooSlow()
                 raise self.failure from None
