@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import subprocess
 import sys
 import time
