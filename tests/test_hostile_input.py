@@ -6,6 +6,7 @@ never a 500, never a request forwarded ambiguously, never a crashed worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import string
@@ -58,10 +59,8 @@ def exchange(port: int, data: bytes, wait: float = 5.0) -> bytes:
     """Send raw bytes; return everything the gateway answers until it closes or goes quiet."""
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.settimeout(wait)
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
         out = b""
         while True:
             try:
