@@ -39,7 +39,7 @@ class RedisProcess(EmbeddedRedis):
     """A redis-server on a free TCP port; `client()` gives a plain redis-py client to inspect it."""
 
     def __init__(self, binary: str | None = None, clock_file: Path | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), port: int | None = None) -> None:
         env = None
         if clock_file is not None:
             env = {
@@ -47,7 +47,7 @@ class RedisProcess(EmbeddedRedis):
                 "FAKETIME_TIMESTAMP_FILE": str(clock_file),
                 "FAKETIME_NO_CACHE": "1",
             }
-        super().__init__(binary=binary, port=free_port(), extra_args=extra_args, env=env)
+        super().__init__(binary=binary, port=port or free_port(), extra_args=extra_args, env=env)
 
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)

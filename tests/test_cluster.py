@@ -1,0 +1,130 @@
+"""Redis Cluster: three real primaries. One decision = one call to the node owning the route's
+hash tag; a slot that moves while the gateway runs costs no decision an error, and no count."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.config import RedisSettings, Rule, Source
+from gateway.keys import state_key
+from gateway.limiter import Limiter, rule_args
+from gateway.redis_backends import ClusterRunner, key_slot
+from tests.support.cluster import RedisCluster
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.upstream import Upstream
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    c = RedisCluster()
+    c.start()
+    yield c
+    c.stop()
+
+
+def test_key_slot_matches_redis(cluster: RedisCluster) -> None:
+    client = cluster.nodes[0].client()
+    for key in ["plain", "rlgw:{seckill}:user:alice", "{}x", "a{b}c{d}", "{{x}}", "é{ü}"]:
+        assert key_slot(key) == client.execute_command("CLUSTER", "KEYSLOT", key)
+
+
+def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) -> None:
+    rules = [
+        Rule("user", (Source("header", "x-user"),), "token_bucket", rate=1.0, burst=3),
+        Rule("item", (Source("path", "item"),), "sliding_window", limit=1000, window=1.0),
+        Rule("stock", (Source("path", "item"),), "quota", limit=4),
+    ]
+    routes = [f"r{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+
+    async def run() -> dict[str, list[bool]]:
+        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
+        limiter = Limiter(runner)
+        out: dict[str, list[bool]] = {}
+        for route in routes:
+            out[route] = []
+            for i in range(6):
+                keys = [state_key("rlgw", route, "user", f"u{i}"), state_key("rlgw", route, "item", "42"),
+                        state_key("rlgw", route, "stock", "42")]
+                decision = await limiter.decide([rule_args(r) for r in rules], keys, [1, 1, 1])
+                out[route].append(decision.admitted)
+        runner.close()
+        return out
+
+    results = asyncio.run(run())
+    owners = set()
+    for route, admitted in results.items():
+        assert admitted == [True] * 4 + [False] * 2
+        owner = cluster.owner_of(state_key("rlgw", route, "stock", "42"))
+        owners.add(owner.port)
+        assert owner.client().get(state_key("rlgw", route, "stock", "42")) == b"4"
+        assert owner.client().exists(state_key("rlgw", route, "user", "u0")) == 1
+    assert len(owners) > 1  # routes spread over the cluster
+
+
+def _move_slot(cluster: RedisCluster, slot: int) -> None:
+    """Migrate one slot, with its keys, from its owner to another primary (what resharding does)."""
+    ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in cluster.nodes}
+    source = next(n for n in cluster.nodes if any(
+        s <= slot <= e and int(p[1]) == n.port for s, e, p, *_ in n.client().execute_command("CLUSTER", "SLOTS")))
+    target = next(n for n in cluster.nodes if n.port != source.port)
+    src, dst = source.client(), target.client()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+    keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+    if keys:
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for node in cluster.nodes:
+        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+
+
+def test_a_moved_slot_costs_no_error_and_no_count(cluster: RedisCluster) -> None:
+    route = f"moving-{uuid.uuid4().hex[:6]}"
+    key = state_key("rlgw", route, "stock", "_")
+    rule = Rule("stock", (), "quota", limit=6)
+
+    async def run() -> list[bool]:
+        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
+        limiter = Limiter(runner)
+        admitted = [(await limiter.decide([rule_args(rule)], [key], [1])).admitted for _ in range(3)]
+        before = cluster.owner_of(key).port
+        _move_slot(cluster, key_slot(key))
+        assert cluster.owner_of(key).port != before
+        admitted += [(await limiter.decide([rule_args(rule)], [key], [1])).admitted for _ in range(5)]
+        runner.close()
+        return admitted
+
+    assert asyncio.run(run()) == [True] * 6 + [False] * 2
+
+
+def test_gateway_in_cluster_mode_end_to_end(cluster: RedisCluster, upstream: Upstream, tmp_path: Path) -> None:
+    config = f"""
+    version: 1
+    redis: {{url: "{cluster.url}", mode: cluster, timeout: 500ms, key_prefix: c{uuid.uuid4().hex[:6]}}}
+    upstreams: {{up: {{url: "{upstream.url}"}}}}
+    routes:
+      - name: sale
+        match: {{path: "/echo/sale/{{item}}"}}
+        upstream: up
+        limits:
+          - {{name: stock, by: [path:item], algorithm: quota, limit: 7}}
+          - {{name: user, by: [header:X-User], algorithm: gcra, rate: 100/s, burst: 100}}
+    """
+    gateway = GatewayProcess(config, tmp_path, workers=2)
+    gateway.start()
+    try:
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
+                calls = [client.get("/echo/sale/9", headers={"X-User": f"u{i}"}) for i in range(30)]
+                return [r.status_code for r in await asyncio.gather(*calls)]
+
+        statuses = asyncio.run(burst())
+        assert statuses.count(200) == 7
+        assert statuses.count(429) == 23
+    finally:
+        assert gateway.stop() == 0
