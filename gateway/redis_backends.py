@@ -1,4 +1,4 @@
-"""Where the decision script runs: one Redis server or a Redis Cluster.
+"""Where the decision script runs: one Redis server, a Redis Cluster, or a Sentinel-run primary.
 
 Both speak through `RedisConnection`, so both pipeline every call of an event-loop tick into one
 write. Cluster: every key of one decision shares a hash tag, so the call goes to the one node that
@@ -7,13 +7,18 @@ owns the slot; a `MOVED`/`ASK` reply refreshes the slot map and the call is retr
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
+import time
 from typing import Any
 
 from gateway.config import RedisSettings
 from gateway.errors import RedisUnavailable
 from gateway.redis_client import RedisAddress, RedisConnection, RedisReplyError
 from gateway.scripts import Script
+
+log = logging.getLogger("gateway.redis")
 
 
 class StandaloneRunner:
@@ -150,7 +155,108 @@ class ClusterRunner:
         self.reset_connections()
 
 
-def make_runner(settings: RedisSettings) -> StandaloneRunner | ClusterRunner:
+class SentinelRunner:
+    """The primary that Sentinel names for `redis.sentinel_master`, asked again after any
+    connection failure or READONLY reply (a failover), so the next call reaches the new primary.
+
+    URL: redis://[user:password@]sentinel-a:26379,sentinel-b:26379[/db] — the credentials and db
+    are the primary's; the host list is the sentinels'.
+
+    Replication is asynchronous: after a promotion, writes that still reach the old primary before
+    it is demoted are lost. The sentinels are asked again every `check_interval` seconds, so the
+    gateway leaves an old primary within about that long of the switch.
+    """
+
+    check_interval = 1.0
+
+    def __init__(self, settings: RedisSettings) -> None:
+        self.settings = settings
+        scheme, _, rest = settings.url.partition("://")
+        userinfo, _, hosts_part = rest.rpartition("@")
+        hosts, _, db = hosts_part.partition("/")
+        self.template = RedisAddress.from_url(f"{scheme}://{userinfo + '@' if userinfo else ''}h/{db}")
+        self.sentinels: list[RedisAddress] = []
+        for item in hosts.split(","):
+            host, _, port = item.strip().rpartition(":")
+            self.sentinels.append(RedisAddress(host or item, int(port or 26379), tls=self.template.tls))
+        self.conn: RedisConnection | None = None
+        self._checked_at = 0.0
+        self._checking: asyncio.Task[None] | None = None
+
+    async def _ask_sentinels(self) -> RedisAddress:
+        last: object = None
+        for address in self.sentinels:
+            sentinel = RedisConnection(address, self.settings.timeout)
+            try:
+                reply = await sentinel.call("SENTINEL", "get-master-addr-by-name", self.settings.sentinel_master)
+            except RedisUnavailable as exc:
+                last = exc
+                continue
+            finally:
+                sentinel.close()
+            if isinstance(reply, list) and len(reply) == 2:
+                t = self.template
+                return RedisAddress(reply[0].decode(), int(reply[1]), None, t.db, t.username, t.password, t.tls)
+            last = reply
+        raise RedisUnavailable(f"no sentinel named a primary for {self.settings.sentinel_master!r}: {last}")
+
+    async def _verify(self) -> None:
+        try:
+            address = await self._ask_sentinels()
+        except RedisUnavailable:
+            return
+        if self.conn is not None and self.conn.address != address:
+            log.warning("sentinel switched the primary to %s: reconnecting", address.describe())
+            self.reset_connections()
+
+    def _maybe_verify(self) -> None:
+        now = time.monotonic()
+        if now - self._checked_at >= self.check_interval and (self._checking is None or self._checking.done()):
+            self._checked_at = now
+            self._checking = asyncio.ensure_future(self._verify())
+
+    async def _primary(self) -> RedisConnection:
+        if self.conn is not None:
+            self._maybe_verify()
+            return self.conn
+        self._checked_at = time.monotonic()
+        self.conn = RedisConnection(await self._ask_sentinels(), self.settings.timeout)
+        return self.conn
+
+    async def run(self, script: Script, keys: list[str], args: list[bytes | str | int]) -> Any:
+        for attempt in range(2):
+            conn = await self._primary()
+            try:
+                reply = await script.run(conn, keys, args)
+            except RedisUnavailable:
+                self.reset_connections()
+                raise
+            if isinstance(reply, RedisReplyError) and str(reply).startswith("READONLY") and attempt == 0:
+                self.reset_connections()  # the old primary was demoted: ask the sentinels again
+                continue
+            return reply
+        return reply
+
+    async def command(self, key: str | None, *args: bytes | str | int) -> Any:
+        conn = await self._primary()
+        try:
+            return await conn.call(*args)
+        except RedisUnavailable:
+            self.reset_connections()
+            raise
+
+    def reset_connections(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def close(self) -> None:
+        self.reset_connections()
+
+
+def make_runner(settings: RedisSettings) -> StandaloneRunner | ClusterRunner | SentinelRunner:
     if settings.mode == "cluster":
         return ClusterRunner(settings)
+    if settings.mode == "sentinel":
+        return SentinelRunner(settings)
     return StandaloneRunner(settings)
