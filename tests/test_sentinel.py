@@ -77,12 +77,12 @@ def _known_replicas(sentinel: Sentinel) -> int:
 
 
 def _primary_port(sentinel: Sentinel) -> int:
-    host, port = sentinel.client().execute_command("SENTINEL", "get-master-addr-by-name", "mymaster")
+    _host, port = sentinel.client().execute_command("SENTINEL", "get-master-addr-by-name", "mymaster")
     return int(port)
 
 
 def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess, Sentinel]) -> None:
-    primary, replica, sentinel = topology
+    _primary, replica, sentinel = topology
     settings = RedisSettings(url=f"redis://127.0.0.1:{sentinel.port}", mode="sentinel", timeout=1.0,
                              sentinel_master="mymaster")
     rule = Rule("stock", (), "quota", limit=10)
