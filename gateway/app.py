@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway import metrics
 from gateway.admin import Admin
-from gateway.breaker import Breaker
+from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, load_config
 from gateway.errors import (
     BadRequest,
@@ -62,7 +62,7 @@ class Gateway:
 
     def make_limiter(self, config: Config) -> Limiter:
         redis = redis_settings(self.settings, config)
-        return Limiter(make_runner(redis), Breaker(), observe=_observe_redis)
+        return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed)
 
     async def startup(self) -> None:
         config = self.initial_config or load_config(self.settings.config_path)
@@ -153,8 +153,8 @@ class Gateway:
         finally:
             runtime.leave()
             if route_name:
-                metrics.REQUESTS.labels(route_name, outcome).inc()
-                metrics.RESPONSES.labels(route_name, str(abs(status))).inc()
+                metrics.requests(route_name, outcome).inc()
+                metrics.responses(route_name, str(abs(status))).inc()
             if runtime.config.access_log:
                 access_log.info(json.dumps({
                     "request_id": request_id,
@@ -213,7 +213,6 @@ class Gateway:
                 decision = await runtime.limiter.decide(args, keys, costs)
             except RedisUnavailable as exc:
                 metrics.REDIS_ERRORS.labels(_redis_error_kind(exc)).inc()
-                metrics.BREAKER.set(int(runtime.limiter.breaker_state))
                 if route.failure_mode == "closed":
                     body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
                     body[1].append((b"retry-after", b"1"))
@@ -221,7 +220,6 @@ class Gateway:
                     return route.name, "failed_closed", "", status
                 outcome = "failed_open"
             else:
-                metrics.BREAKER.set(int(runtime.limiter.breaker_state))
                 _count_rules(route.name, rules, decision)
                 if not decision.admitted:
                     assert decision.refused_by is not None
@@ -274,18 +272,18 @@ class Gateway:
                 scope["method"], target_text, headers, body, send, response_headers
             )
         except UpstreamTimeout as exc:
-            metrics.UPSTREAM_ERRORS.labels(pool.upstream.name, "timeout").inc()
+            metrics.upstream_errors(pool.upstream.name, "timeout").inc()
             return await _answer(send, problem(504, str(exc)), request_id)
         except UpstreamUnavailable as exc:
-            metrics.UPSTREAM_ERRORS.labels(pool.upstream.name, "unavailable").inc()
+            metrics.upstream_errors(pool.upstream.name, "unavailable").inc()
             return await _answer(send, problem(502, str(exc)), request_id)
         except ClientTooSlow:
             return await _answer(send, problem(408, "the request body stopped arriving"), request_id)
         except ClientDisconnected:
             return 499
-        metrics.UPSTREAM_LATENCY.labels(pool.upstream.name).observe(time.perf_counter() - started)
+        metrics.upstream_latency(pool.upstream.name).observe(time.perf_counter() - started)
         if status < 0:
-            metrics.UPSTREAM_ERRORS.labels(pool.upstream.name, "aborted").inc()
+            metrics.upstream_errors(pool.upstream.name, "aborted").inc()
         return status
 
 
@@ -293,7 +291,11 @@ class Gateway:
 
 
 def _observe_redis(seconds: float, ok: bool) -> None:
-    metrics.REDIS_LATENCY.labels("ok" if ok else "error").observe(seconds)
+    metrics.redis_latency("ok" if ok else "error").observe(seconds)
+
+
+def _breaker_changed(state: BreakerState) -> None:
+    metrics.BREAKER.set(int(state))
 
 
 def _redis_error_kind(exc: RedisUnavailable) -> str:
@@ -310,11 +312,11 @@ def _redis_error_kind(exc: RedisUnavailable) -> str:
 def _count_rules(route: str, rules: list[Any], decision: Decision) -> None:
     for rule, state in zip(rules, decision.rules, strict=True):
         if state.outcome is Outcome.SHADOW_REFUSES:
-            metrics.RULE_DECISIONS.labels(route, rule.name, "shadow_refused").inc()
+            metrics.rule_decisions(route, rule.name, "shadow_refused").inc()
         elif state.outcome is not Outcome.ADMITS:
-            metrics.RULE_DECISIONS.labels(route, rule.name, "refused").inc()
+            metrics.rule_decisions(route, rule.name, "refused").inc()
         elif decision.admitted:
-            metrics.RULE_DECISIONS.labels(route, rule.name, "admitted").inc()
+            metrics.rule_decisions(route, rule.name, "admitted").inc()
 
 
 async def _answer(send: Send, response: tuple[int, Headers, bytes], request_id: str) -> int:
@@ -331,7 +333,7 @@ def _request_id(scope: Scope) -> str:
             if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
                 return str(value.decode("ascii"))
             break
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def _host(scope: Scope) -> str:

@@ -87,10 +87,12 @@ class Limiter:
         runner: ScriptRunner,
         breaker: Breaker | None = None,
         observe: Callable[[float, bool], None] | None = None,
+        on_breaker: Callable[[BreakerState], None] | None = None,
     ) -> None:
         self.runner = runner
         self.breaker = breaker or Breaker()
         self.observe = observe
+        self.on_breaker = on_breaker
         self.script = Script("decide")
 
     @property
@@ -126,10 +128,16 @@ class Limiter:
                 log.warning("Redis unavailable (%s): breaker open for %.1fs; routes follow their "
                             "failure_mode until it answers again", exc, self.breaker.open_for)
                 self.runner.reset_connections()
+                if self.on_breaker:
+                    self.on_breaker(BreakerState.OPEN)
             raise
         if self.breaker.state is not BreakerState.CLOSED:
             log.warning("Redis answers again: breaker closed, limits apply")
-        self.breaker.record_success()
+            self.breaker.record_success()
+            if self.on_breaker:
+                self.on_breaker(BreakerState.CLOSED)
+        else:
+            self.breaker.record_success()
         if self.observe:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)

@@ -3,6 +3,7 @@ PROMETHEUS_MULTIPROC_DIR (set by the supervisor before workers start) and /metri
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -86,3 +87,14 @@ def mark_worker_dead(pid: int) -> None:
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+
+
+# Labelled children, resolved once: `labels()` validates and locks on every call, which costs more
+# than the increment itself on the request path. Label values come from the config (route and rule
+# names) or small fixed sets (outcomes, status codes), so the caches stay small.
+requests = functools.lru_cache(maxsize=4096)(REQUESTS.labels)
+rule_decisions = functools.lru_cache(maxsize=4096)(RULE_DECISIONS.labels)
+responses = functools.lru_cache(maxsize=4096)(RESPONSES.labels)
+redis_latency = functools.lru_cache(maxsize=8)(REDIS_LATENCY.labels)
+upstream_latency = functools.lru_cache(maxsize=1024)(UPSTREAM_LATENCY.labels)
+upstream_errors = functools.lru_cache(maxsize=1024)(UPSTREAM_ERRORS.labels)

@@ -59,16 +59,29 @@ class RedisAddress:
         return self.unix_path or f"{self.host}:{self.port}"
 
 
+_ENCODED: dict[bytes | int, bytes] = {}  # bulk strings of recurring bytes and ints (rule args, costs)
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 def encode(args: tuple[bytes | str | int, ...]) -> bytes:
+    """One RESP command. Bytes and int arguments recur (script SHA, rule parameters, costs) and
+    are encoded once; str arguments (keys) are encoded every time."""
     out = [b"*%d\r\n" % len(args)]
+    append = out.append
+    cache = _ENCODED
     for arg in args:
         if isinstance(arg, str):
-            data = arg.encode()
-        elif isinstance(arg, int):
-            data = b"%d" % arg
-        else:
-            data = arg
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+            append(_bulk(arg.encode()))
+            continue
+        chunk = cache.get(arg)
+        if chunk is None:
+            chunk = _bulk(arg if isinstance(arg, bytes) else b"%d" % arg)
+            if len(cache) < 4096:
+                cache[arg] = chunk
+        append(chunk)
     return b"".join(out)
 
 

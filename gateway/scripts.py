@@ -26,12 +26,12 @@ class Script:
     def __init__(self, name: str) -> None:
         self.name = name
         self.source = read_script(name)
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest().encode()
 
     async def run(
         self, conn: RedisConnection, keys: list[str], args: list[bytes | str | int]
     ) -> Any:
-        reply = await conn.call("EVALSHA", self.sha, len(keys), *keys, *args)
+        reply = await conn.call(b"EVALSHA", self.sha, len(keys), *keys, *args)
         if isinstance(reply, RedisReplyError) and str(reply).startswith("NOSCRIPT"):
-            reply = await conn.call("EVAL", self.source, len(keys), *keys, *args)
+            reply = await conn.call(b"EVAL", self.source, len(keys), *keys, *args)
         return reply
