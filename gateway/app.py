@@ -7,6 +7,7 @@ it arrived on the admin socket.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ log = logging.getLogger("gateway")
 access_log = logging.getLogger("gateway.access")
 
 MAX_COST_HEADER = 1_000_000_000
+METRICS_FLUSH_INTERVAL = 1.0
 REQUEST_ID_MAX = 128
 STRIPPED_REQUEST = frozenset({
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-request-id",
@@ -57,6 +59,7 @@ class Gateway:
         self.runtime: Runtime | None = None
         self.admin = Admin(self)
         self.ready = False
+        self._flusher: asyncio.Task[None] | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -69,9 +72,18 @@ class Gateway:
         redis = redis_settings(self.settings, config)
         self.runtime = build_runtime(config, redis, self.make_limiter(config))
         metrics.CONFIG_INFO.set(len(config.routes))
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
         self.ready = True
 
+    async def _flush_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_FLUSH_INTERVAL)
+            metrics.flush()
+
     async def shutdown(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        metrics.flush()
         runtime = self.runtime
         if runtime is None:
             return
@@ -327,13 +339,17 @@ async def _answer(send: Send, response: tuple[int, Headers, bytes], request_id: 
     return status
 
 
+_ID_PREFIX = os.urandom(10).hex()  # per process; with the counter, unique without a syscall
+_ID_COUNTER = itertools.count()
+
+
 def _request_id(scope: Scope) -> str:
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             if 0 < len(value) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in value):
                 return str(value.decode("ascii"))
             break
-    return os.urandom(16).hex()
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 def _host(scope: Scope) -> str:

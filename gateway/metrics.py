@@ -1,8 +1,13 @@
 """Prometheus metrics. With several workers each writes its own files under
-PROMETHEUS_MULTIPROC_DIR (set by the supervisor before workers start) and /metrics sums them."""
+PROMETHEUS_MULTIPROC_DIR (set by the supervisor before workers start) and /metrics sums them.
+
+The request path counts in process-local ints that are flushed to Prometheus every second and
+before this worker renders /metrics, so another worker's last second may not be in a scrape yet.
+"""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from typing import Any
@@ -75,6 +80,7 @@ def render() -> tuple[bytes, str]:
     """The exposition text, summed over all workers when running multi-process."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 
+    flush()
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     registry: Any = REGISTRY
     if directory:
@@ -89,12 +95,76 @@ def mark_worker_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
 
 
-# Labelled children, resolved once: `labels()` validates and locks on every call, which costs more
-# than the increment itself on the request path. Label values come from the config (route and rule
-# names) or small fixed sets (outcomes, status codes), so the caches stay small.
-requests = functools.lru_cache(maxsize=4096)(REQUESTS.labels)
-rule_decisions = functools.lru_cache(maxsize=4096)(RULE_DECISIONS.labels)
-responses = functools.lru_cache(maxsize=4096)(RESPONSES.labels)
-redis_latency = functools.lru_cache(maxsize=8)(REDIS_LATENCY.labels)
-upstream_latency = functools.lru_cache(maxsize=1024)(UPSTREAM_LATENCY.labels)
-upstream_errors = functools.lru_cache(maxsize=1024)(UPSTREAM_ERRORS.labels)
+class _LocalCounter:
+    """Counts in a plain int on the request path; `flush()` hands the total to Prometheus."""
+
+    __slots__ = ("child", "pending")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.pending = 0
+
+    def inc(self, amount: int = 1) -> None:
+        self.pending += amount
+
+    def flush(self) -> None:
+        if self.pending:
+            self.child.inc(self.pending)
+            self.pending = 0
+
+
+class _LocalHistogram:
+    """Buckets in a plain list on the request path; `flush()` adds them to the Prometheus child
+    (its `_buckets`/`_sum` values: prometheus_client has no public bulk observe)."""
+
+    __slots__ = ("bounds", "child", "counts", "total")
+
+    def __init__(self, child: Any) -> None:
+        self.child = child
+        self.bounds = [*LATENCY_BUCKETS, float("inf")]
+        self.counts = [0] * len(self.bounds)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def flush(self) -> None:
+        if not any(self.counts):
+            return
+        for i, count in enumerate(self.counts):
+            if count:
+                self.child._buckets[i].inc(count)
+                self.counts[i] = 0
+        self.child._sum.inc(self.total)
+        self.total = 0.0
+
+
+_LOCALS: list[_LocalCounter | _LocalHistogram] = []
+
+
+def _local(metric: Any, kind: type[_LocalCounter] | type[_LocalHistogram], size: int) -> Any:
+    @functools.lru_cache(maxsize=size)
+    def child(*labels: str) -> _LocalCounter | _LocalHistogram:
+        made = kind(metric.labels(*labels))
+        _LOCALS.append(made)
+        return made
+
+    return child
+
+
+def flush() -> None:
+    """Move what the request path counted into Prometheus (every second, and before /metrics)."""
+    for local in _LOCALS:
+        local.flush()
+
+
+# The request path counts locally: with several workers every Prometheus increment is a locked
+# write to a shared file, which cost more than the rest of a decision. Label values come from the
+# config (route and rule names) or small fixed sets (outcomes, status codes): the caches stay small.
+requests = _local(REQUESTS, _LocalCounter, 4096)
+rule_decisions = _local(RULE_DECISIONS, _LocalCounter, 4096)
+responses = _local(RESPONSES, _LocalCounter, 4096)
+redis_latency = _local(REDIS_LATENCY, _LocalHistogram, 8)
+upstream_latency = _local(UPSTREAM_LATENCY, _LocalHistogram, 1024)
+upstream_errors = _local(UPSTREAM_ERRORS, _LocalCounter, 1024)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 from yarl import URL
 
 from gateway.config import Upstream
@@ -28,6 +29,17 @@ SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"
 
 
 BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+
+
+class _ForwardRequest(aiohttp.ClientRequest):
+    """Adds none of aiohttp's automatic headers (Accept, Accept-Encoding, User-Agent, Content-Type):
+    the client's own headers pass as they were. (Overriding this beats `skip_auto_headers`, which
+    rebuilds a sorted multidict on every request.)"""
+
+    _skip = CIMultiDict((name, None) for name in SKIP_AUTO)
+
+    def update_auto_headers(self, skip_auto_headers: Any) -> None:
+        self._skip_auto_headers = self._skip
 
 
 class ClientDisconnected(Exception):
@@ -72,7 +84,7 @@ class UpstreamPool:
                 connector=connector,
                 auto_decompress=False,
                 timeout=self.timeout,
-                skip_auto_headers=SKIP_AUTO,
+                request_class=_ForwardRequest,
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self.session
