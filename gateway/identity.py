@@ -10,7 +10,6 @@ import hashlib
 import ipaddress
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -100,21 +99,26 @@ class JwtVerifier:
         return claims
 
 
-@dataclass
 class RequestView:
     """What identity sources read from one request, computed once and only on demand."""
 
-    scope: dict[str, Any]
-    params: dict[str, str]
-    config: Config
-    jwt: JwtVerifier | None
-    body_prefix: bytes | None = None
-    _headers: dict[bytes, bytes] | None = None
-    _query: dict[bytes, bytes] | None = None
-    _cookies: dict[bytes, bytes] | None = None
-    _ip: str | None = None
-    _claims: dict[str, Any] | None = field(default=None)
-    _claims_done: bool = False
+    __slots__ = ("_claims", "_claims_done", "_cookies", "_headers", "_ip", "_query", "body_prefix",
+                 "config", "jwt", "params", "scope")
+
+    def __init__(
+        self, scope: dict[str, Any], params: dict[str, str], config: Config, jwt: JwtVerifier | None
+    ) -> None:
+        self.scope = scope
+        self.params = params
+        self.config = config
+        self.jwt = jwt
+        self.body_prefix: bytes | None = None
+        self._headers: dict[bytes, bytes] | None = None
+        self._query: dict[bytes, bytes] | None = None
+        self._cookies: dict[bytes, bytes] | None = None
+        self._ip: str | None = None
+        self._claims: dict[str, Any] | None = None
+        self._claims_done = False
 
     @property
     def headers(self) -> dict[bytes, bytes]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import ALGORITHMS, BUCKET_ALGORITHMS, Rule
@@ -25,15 +24,13 @@ class Outcome(IntEnum):
     SHADOW_REFUSES = 3
 
 
-@dataclass(frozen=True)
-class RuleState:
+class RuleState(NamedTuple):
     outcome: Outcome
     remaining: int
     reset_ms: int  # -1: never resets
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     admitted: bool
     refused_by: int | None       # index of the rule that refused (the one with the longest wait)
     retry_after_ms: int | None   # None: this request can never be admitted as it is

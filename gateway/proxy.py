@@ -51,11 +51,11 @@ class ClientTooSlow(ClientDisconnected):
 
 
 def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Hop-by-hop names: the fixed set plus any named in the Connection header."""
+    """Hop-by-hop names: the fixed set plus any named in the Connection header (names lowercase)."""
     extra = [
         token.strip().lower()
         for name, value in headers
-        if name.lower() == b"connection"
+        if name == b"connection"
         for token in value.split(b",")
     ]
     return HOP_BY_HOP | frozenset(extra) if extra else HOP_BY_HOP
@@ -127,9 +127,9 @@ class UpstreamPool:
                 raise body.failure from exc
             raise UpstreamUnavailable(f"upstream '{self.upstream.name}' unreachable: {exc.__class__.__name__}") from exc
         try:
-            raw = response.raw_headers
-            drop = hop_by_hop(list(raw))
-            out = [(k.lower(), v) for k, v in raw if k.lower() not in drop]
+            lowered = [(k.lower(), v) for k, v in response.raw_headers]
+            drop = hop_by_hop(lowered)
+            out = [(k, v) for k, v in lowered if k not in drop]
             out.extend(extra_response_headers)
             await send({"type": "http.response.start", "status": response.status, "headers": out})
             if method == "HEAD":
@@ -139,12 +139,12 @@ class UpstreamPool:
             try:
                 while True:
                     chunk = await content.readany()
-                    if not chunk:
+                    done = not chunk or content.is_eof()
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not done})
+                    if done:
                         break
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError):
                 return -response.status  # the client connection is closed by the server
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
             return response.status
         finally:
             response.release()
