@@ -21,6 +21,7 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
 
 SECRET = "s3cret-for-tests-only-0123456789abcdef"
 
@@ -296,11 +297,16 @@ def test_jwt_identity_needs_a_verified_signature(client: httpx.Client) -> None:
 def test_shadow_rule_counts_but_never_refuses(client: httpx.Client, gateway: GatewayProcess) -> None:
     statuses = [client.get("/echo/shadow").status_code for _ in range(3)]
     assert statuses == [200, 200, 200]
-    text = httpx.get(gateway.admin_url + "/metrics").text
-    line = next(x for x in text.splitlines()
-                if x.startswith("gateway_rule_decisions_total") and 'outcome="shadow_refused"' in x
-                and 'rule="watch"' in x)
-    assert float(line.rsplit(" ", 1)[1]) >= 2
+
+    def shadow_refusals() -> float:
+        text = httpx.get(gateway.admin_url + "/metrics").text
+        lines = [x for x in text.splitlines()
+                 if x.startswith("gateway_rule_decisions_total") and 'outcome="shadow_refused"' in x
+                 and 'rule="watch"' in x]
+        return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+    # workers hand their counts to Prometheus once a second
+    wait_until(lambda: shadow_refusals() >= 2, timeout=5)
 
 
 def test_leaky_bucket_delays_instead_of_refusing(gateway: GatewayProcess) -> None:
