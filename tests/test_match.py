@@ -1,0 +1,56 @@
+"""Route matching: templates with parameters, methods, host; first match wins."""
+
+from __future__ import annotations
+
+from gateway.config import Route, Upstream
+from gateway.match import Router
+
+UP = Upstream("up", "http://127.0.0.1:1")
+
+
+def route(name: str, path: str, methods: frozenset[str] | None = None, host: str | None = None) -> Route:
+    return Route(name=name, path=path, methods=methods, host=host, upstream=UP, limits=())
+
+
+ROUTER = Router([
+    route("seckill", "/seckill/{item_id}", frozenset({"POST"})),
+    route("user", "/users/{uid:int}/orders/{oid}"),
+    route("admin", "/admin/{rest:path}", host="admin.example"),
+    route("files", "/files/{rest:path}"),
+    route("exact", "/health.json"),
+    route("all", "/{rest:path}"),
+])
+
+
+def name(method: str, path: str, host: str = "shop.example") -> tuple[str, dict[str, str]] | None:
+    found = ROUTER.match(method, host, path)
+    return (found[0].name, found[1]) if found else None
+
+
+def test_parameters_and_methods() -> None:
+    assert name("POST", "/seckill/42") == ("seckill", {"item_id": "42"})
+    assert name("GET", "/seckill/42") == ("all", {"rest": "seckill/42"})
+    assert name("POST", "/seckill/42/extra") == ("all", {"rest": "seckill/42/extra"})
+    assert name("POST", "/seckill/") == ("all", {"rest": "seckill/"})
+
+
+def test_typed_parameters() -> None:
+    assert name("GET", "/users/7/orders/a1") == ("user", {"uid": "7", "oid": "a1"})
+    assert name("GET", "/users/seven/orders/a1") == ("all", {"rest": "users/seven/orders/a1"})
+
+
+def test_host_and_first_match_wins() -> None:
+    assert name("GET", "/admin/x/y", host="admin.example") == ("admin", {"rest": "x/y"})
+    assert name("GET", "/admin/x/y") == ("all", {"rest": "admin/x/y"})
+    assert name("GET", "/files/a/b.txt") == ("files", {"rest": "a/b.txt"})
+
+
+def test_literal_characters_are_not_regex() -> None:
+    assert name("GET", "/health.json") == ("exact", {})
+    assert name("GET", "/healthxjson") == ("all", {"rest": "healthxjson"})
+
+
+def test_no_match() -> None:
+    strict = Router([route("only", "/only", frozenset({"GET"}))])
+    assert strict.match("POST", "", "/only") is None
+    assert strict.match("GET", "", "/only/") is None
