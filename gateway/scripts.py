@@ -8,10 +8,12 @@ caller sees it.
 from __future__ import annotations
 
 import hashlib
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gateway.errors import RedisUnavailable
 from gateway.redis_client import RedisConnection, RedisReplyError
 
 
@@ -31,7 +33,11 @@ class Script:
     async def run(
         self, conn: RedisConnection, keys: list[str], args: list[bytes | str | int]
     ) -> Any:
+        started = time.monotonic()
         reply = await conn.call(b"EVALSHA", self.sha, len(keys), *keys, *args)
         if isinstance(reply, RedisReplyError) and str(reply).startswith("NOSCRIPT"):
-            reply = await conn.call(b"EVAL", self.source, len(keys), *keys, *args)
+            left = conn.timeout - (time.monotonic() - started)  # one decision, one time budget
+            if left <= 0:
+                raise RedisUnavailable("Redis did not answer in time")
+            reply = await conn.call(b"EVAL", self.source, len(keys), *keys, *args, timeout=left)
         return reply
