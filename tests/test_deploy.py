@@ -1,0 +1,684 @@
+"""What ships: the Dockerfile, the Helm chart and the wheel, checked with the real tools, offline.
+
+- hadolint lints the Dockerfile; every `# hadolint ignore=` carries a reason and hides nothing else.
+- The chart is linted (--strict) and rendered by Helm's own Go SDK (helm-python-sdk, no helm binary,
+  no cluster) for several sets of values; every manifest is validated by kubernetes-validate in strict
+  mode for the oldest Kubernetes the chart supports and the newest the validator knows. ServiceMonitor
+  is a CRD the validator has no schema for: it is checked against a small schema written here.
+- The routes.yaml each rendering puts in its ConfigMap passes `gateway check`, in the pod's environment.
+- Values that cannot work are refused with a message that says what to change.
+- The wheel is built from exactly what the Dockerfile copies, holds the Lua script, and installs into a
+  fresh venv where the image's entry command (`gateway serve`) and its HEALTHCHECK run as in the image.
+
+No Docker engine is needed or used: `docker build` itself is not run here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import venv
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import pytest
+import yaml
+from kubernetes_validate import utils as kv
+
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "gateway"
+DOCKERFILE = ROOT / "Dockerfile"
+BIN = Path(sys.executable).parent
+RELEASE, NAMESPACE = "edge", "gateways"
+FULLNAME = f"{RELEASE}-gateway"
+
+# The chart's floor (Chart.yaml kubeVersion) and the newest release kubernetes-validate knows.
+KUBE_VERSIONS = ("1.25.0", kv.latest_version())
+
+
+# --- Dockerfile -----------------------------------------------------------------------------------
+
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str, int]]:
+    """(INSTRUCTION, arguments, line) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str, int]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        text = pending + line
+        pending = ""
+        keyword, _, rest = text.partition(" ")
+        out.append((keyword.upper(), rest.strip(), start))
+    return out
+
+
+def stages() -> dict[str, list[tuple[str, str, int]]]:
+    result: dict[str, list[tuple[str, str, int]]] = {}
+    current: list[tuple[str, str, int]] | None = None
+    for keyword, rest, line in dockerfile_instructions():
+        if keyword == "FROM":
+            name = rest.split()[-1] if " AS " in rest.upper() else str(len(result))
+            current = result.setdefault(name, [])
+        if current is not None:
+            current.append((keyword, rest, line))
+    return result
+
+
+def instruction(stage: list[tuple[str, str, int]], keyword: str) -> list[str]:
+    return [rest for kw, rest, _ in stage if kw == keyword]
+
+
+def test_hadolint_is_clean() -> None:
+    result = subprocess.run([str(BIN / "hadolint"), "--no-color", "-f", "json", str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=60)
+    assert json.loads(result.stdout or "[]") == [], result.stdout + result.stderr
+    assert result.returncode == 0
+
+
+def test_every_hadolint_ignore_has_a_reason_and_hides_nothing_else() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    ignored: set[str] = set()
+    for index, line in enumerate(lines):
+        match = re.match(r"#\s*hadolint ignore=([A-Z0-9,]+)", line.strip())
+        if match:
+            ignored.update(match.group(1).split(","))
+            above = lines[index - 1].strip() if index else ""
+            assert above.startswith("#") and "hadolint" not in above, f"line {index + 1}: say why above the ignore"
+    result = subprocess.run([str(BIN / "hadolint"), "--no-color", "-f", "json", "--disable-ignore-pragma",
+                             str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    found = {finding["code"] for finding in json.loads(result.stdout or "[]")}
+    assert found == ignored, f"ignored {sorted(ignored)}, but without the pragmas hadolint reports {sorted(found)}"
+
+
+def test_dockerfile_contract() -> None:
+    by_stage = stages()
+    assert list(by_stage) == ["builder", "runtime"], "a builder stage, then the runtime stage last"
+    args = dict(a.split("=", 1) for a in instruction(dockerfile_instructions(), "ARG") if "=" in a)
+    image = args["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", image), image
+    froms = [rest for stage in by_stage.values() for rest in instruction(stage, "FROM")]
+    assert all(rest.startswith("${PYTHON_IMAGE} AS ") for rest in froms), "both stages on the pinned base"
+
+    runtime = by_stage["runtime"]
+    run_lines = " ".join(instruction(runtime, "RUN"))
+    for tool in ("apt-get", "pip ", "gcc", "make", "curl"):
+        assert tool not in run_lines, f"{tool} in the runtime stage"
+    copies = instruction(runtime, "COPY")
+    assert "--from=builder /opt/gateway /opt/gateway" in copies
+    assert "routes.yaml /etc/gateway/routes.yaml" in copies
+    assert instruction(runtime, "USER") == ["10001:10001"], "numeric non-root user (runAsNonRoot can check it)"
+    assert instruction(runtime, "EXPOSE") == ["8080 9090"]
+    env = " ".join(instruction(runtime, "ENV"))
+    assert "GATEWAY_CONFIG=/etc/gateway/routes.yaml" in env
+    assert "TMPDIR=/tmp" in env
+    healthcheck = instruction(runtime, "HEALTHCHECK")
+    assert len(healthcheck) == 1 and "CMD [\"python\"" in healthcheck[0]
+    assert "127.0.0.1" in healthcheck[0] and "/healthz" in healthcheck[0] and "'9090'" in healthcheck[0]
+    assert entry_command() == ["gateway", "serve"]
+    assert "gateway serve" in (ROOT / "README.md").read_text()
+
+
+def entry_command() -> list[str]:
+    runtime = stages()["runtime"]
+    entrypoint = json.loads(instruction(runtime, "ENTRYPOINT")[-1])
+    cmd = json.loads(instruction(runtime, "CMD")[-1])
+    return [*entrypoint, *cmd]
+
+
+def healthcheck_command() -> list[str]:
+    text = instruction(stages()["runtime"], "HEALTHCHECK")[-1]
+    return list(json.loads(text[text.index("CMD") + 3:].strip()))
+
+
+def runtime_env() -> dict[str, str]:
+    """The runtime stage's ENV, as `KEY=value` pairs."""
+    env: dict[str, str] = {}
+    for rest in instruction(stages()["runtime"], "ENV"):
+        for pair in shlex.split(rest):
+            key, _, value = pair.partition("=")
+            env[key] = value
+    return env
+
+
+def builder_sources() -> list[str]:
+    """What the builder stage copies from the build context (not from other stages)."""
+    sources: list[str] = []
+    for rest in instruction(stages()["builder"], "COPY"):
+        parts = [p for p in rest.split() if not p.startswith("--")]
+        sources += parts[:-1]
+    return sources
+
+
+def dockerignore_excludes(path: str) -> bool:
+    """Docker's rules: patterns in order, the last one matching the path or a parent wins."""
+    excluded = False
+    for raw in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = raw.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        regex = regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        parts = path.split("/")
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        if any(re.fullmatch(regex, prefix) for prefix in prefixes):
+            excluded = not negate
+    return excluded
+
+
+def test_dockerignore_keeps_what_the_build_copies_and_nothing_else() -> None:
+    needed = [*builder_sources(), "routes.yaml", "gateway/config.py", "lua/decide.lua"]
+    for path in needed:
+        assert not dockerignore_excludes(path.rstrip("/")), f"{path} is needed by the build but ignored"
+    for path in (".git/HEAD", ".venv/bin/python", "tests/test_deploy.py", "helm/gateway/Chart.yaml",
+                 "bench/run.py", "gateway/__pycache__/cli.cpython-311.pyc", ".env"):
+        assert dockerignore_excludes(path), f"{path} would be sent to the Docker daemon"
+
+
+# --- Helm chart -----------------------------------------------------------------------------------
+
+REPO_ROUTES = (ROOT / "routes.yaml").read_text()
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "production": {
+        "redis": {"url": "redis://redis-master.data.svc:6379/0"},
+        "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12,
+                        "targetMemoryUtilizationPercentage": 80,
+                        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}},
+        "podDisruptionBudget": {"minAvailable": 2},
+        "image": {"registry": "registry.example.com", "repository": "edge/ratelimit-gateway", "tag": "0.1.0",
+                  "digest": "sha256:" + "ab" * 32},
+        "workers": 2,
+        "resources": {"requests": {"cpu": "2", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway"}],
+        "extraEnv": [{"name": "BACKEND_URL", "value": "http://shop.shop.svc:8080"}],
+        "service": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+                    "loadBalancerSourceRanges": ["203.0.113.0/24"]},
+        "commonAnnotations": {"team": "edge"},
+    },
+    "hpa-off-existing-secret": {
+        "replicaCount": 3,
+        "autoscaling": {"enabled": False},
+        "redis": {"existingSecret": "redis-conn", "existingSecretKey": "url"},
+        "admin": {"existingSecret": "gateway-admin"},
+    },
+    "cluster-redis": {
+        "redis": {"existingSecret": "redis-cluster-conn", "mode": "cluster"},
+        "autoscaling": {"enabled": True},
+        "routes": REPO_ROUTES.replace("mode: standalone", "mode: ${REDIS_MODE:-standalone}"),
+    },
+    "sentinel-redis": {
+        "redis": {"url": "redis://sentinel.data.svc:26379", "mode": "sentinel", "sentinelMaster": "primary"},
+        "replicaCount": 2,
+        "rollOnConfigChange": False,
+    },
+    "monitoring-networkpolicy": {
+        "redis": {"existingSecret": "redis-conn"},
+        "replicaCount": 2,
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                           "relabelings": [{"action": "replace", "targetLabel": "tier", "replacement": "edge"}]},
+        "networkPolicy": {
+            "enabled": True,
+            "proxyFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}],
+            "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": 6379}, {"port": 8080}]}],
+        },
+    },
+    "repo-routes-as-mapping": {"routes": yaml.safe_load(REPO_ROUTES)},
+}
+
+
+def render(values: dict[str, Any]) -> dict[str, str]:
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+def manifests(values: dict[str, Any]) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for name, text in sorted(render(values).items()):
+        if name.endswith(".yaml"):
+            docs += [doc for doc in yaml.safe_load_all(text) if doc]
+    return docs
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str = FULLNAME) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def scenario(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    values = SCENARIOS[request.param]
+    return request.param, values, manifests(values)
+
+
+def test_helm_lint_strict_for_every_scenario() -> None:
+    for name, values in SCENARIOS.items():
+        for version in KUBE_VERSIONS:
+            report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{version}")
+            serious = [m for m in report["messages"] if m["severity"] >= 2]
+            assert report["errors"] == [] and serious == [], f"{name} on {version}: {report}"
+
+
+def test_the_chart_floor_is_the_version_validated() -> None:
+    # Helm's lint does not compare kubeVersion with kube_version (install and template do), so the
+    # floor declared in Chart.yaml is held to the oldest version every manifest is validated against.
+    with helm.Chart.load(CHART) as chart:
+        floor = chart.metadata["kubeVersion"]
+    assert floor == f">={KUBE_VERSIONS[0]}-0"
+
+
+SERVICE_MONITOR_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name", "namespace", "labels"]},
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                      "properties": {"matchNames": {"type": "array", "items": {"type": "string"}},
+                                                     "any": {"type": "boolean"}}},
+                "selector": {"type": "object", "additionalProperties": False,
+                             "properties": {"matchLabels": {"type": "object",
+                                                            "additionalProperties": {"type": "string"}}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False, "required": ["port"],
+                    "properties": {
+                        "port": {"type": "string"}, "path": {"type": "string", "pattern": "^/"},
+                        "interval": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "scrapeTimeout": {"type": "string", "pattern": "^[0-9]+(ms|s|m|h)$"},
+                        "relabelings": {"type": "array", "items": {"type": "object"}},
+                        "metricRelabelings": {"type": "array", "items": {"type": "object"}},
+                    }}},
+            },
+        },
+    },
+}
+
+
+def test_every_manifest_validates_strictly(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> None:
+    name, _, docs = scenario
+    assert docs
+    for doc in docs:
+        where = f"{name}: {doc['kind']}/{doc['metadata']['name']}"
+        assert doc["metadata"]["namespace"] == NAMESPACE, where
+        if doc["kind"] == "ServiceMonitor":
+            # A CRD: kubernetes-validate has no schema for it (SchemaNotFoundError), so ours.
+            jsonschema.Draft202012Validator(SERVICE_MONITOR_SCHEMA).validate(doc)
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as exc:
+                path = ".".join(str(p) for p in exc.path)
+                pytest.fail(f"{where} on Kubernetes {version}: {path}: {exc.message}")
+
+
+def pod_env(deployment: dict[str, Any]) -> dict[str, str]:
+    """The container's environment; a secretKeyRef stands for a value the test makes up."""
+    env: dict[str, str] = {}
+    for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = f"from-secret-{ref['name']}-{ref['key']}"
+    return env
+
+
+def test_rendered_routes_pass_gateway_check(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]],
+                                            tmp_path: Path) -> None:
+    name, values, docs = scenario
+    routes = one(docs, "ConfigMap")["data"]["routes.yaml"]
+    path = tmp_path / "routes.yaml"
+    path.write_text(routes)
+    env = pod_env(one(docs, "Deployment"))
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "TZ")}
+    result = subprocess.run([sys.executable, "-m", "gateway", "check", str(path)], cwd=ROOT,
+                            env={**base, **env}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"{name}:\n{result.stderr}\n{routes}"
+    assert "ok" in result.stdout
+
+    from gateway.config import load_config
+
+    config = load_config(path, env)
+    assert config.redis.mode == values.get("redis", {}).get("mode", "standalone"), name
+    if values.get("admin", {}).get("existingSecret"):
+        assert config.admin_token == env["ADMIN_TOKEN"], "the token comes from the Secret"
+    assert config.redis.url == "", "the URL never sits in the ConfigMap; GATEWAY_REDIS_URL carries it"
+
+
+def test_pods_are_restricted_and_probed_on_the_admin_port(
+    scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]
+) -> None:
+    name, values, docs = scenario
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"]["requests"]["cpu"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"proxy": 8080, "admin": 9090}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+    assert container["args"][0] == "serve"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]], "a writable /tmp for the embedded Redis and metrics"
+    assert volumes[mounts["/etc/gateway"]]["configMap"]["name"] == FULLNAME
+    env = pod_env(deployment)
+    assert env["GATEWAY_CONFIG"] == "/etc/gateway/routes.yaml" and env["TMPDIR"] == "/tmp"
+    assert env["GATEWAY_WORKERS"] == str(values.get("workers", 1))
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace > int(env["GATEWAY_DRAIN_TIMEOUT"]) + 5, "the kubelet waits for the drain"
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    assert ("checksum/config" in annotations) == values.get("rollOnConfigChange", True), name
+
+
+def test_redis_url_reaches_the_pod_only_as_configured(
+    scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]
+) -> None:
+    _, values, docs = scenario
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item for item in container["env"]}
+    redis = values.get("redis", {})
+    if redis.get("existingSecret"):
+        assert env["GATEWAY_REDIS_URL"] == {"name": "GATEWAY_REDIS_URL", "valueFrom": {"secretKeyRef": {
+            "name": redis["existingSecret"], "key": redis.get("existingSecretKey", "redis-url")}}}
+    elif redis.get("url"):
+        assert env["GATEWAY_REDIS_URL"]["value"] == redis["url"]
+    else:
+        assert "GATEWAY_REDIS_URL" not in env, "embedded Redis"
+    assert env["REDIS_MODE"]["value"] == redis.get("mode", "standalone")
+    if values.get("admin", {}).get("existingSecret"):
+        assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == values["admin"]["existingSecret"]
+    else:
+        assert "ADMIN_TOKEN" not in env
+
+
+def test_autoscaling_and_disruption_budget(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> None:
+    _, values, docs = scenario
+    deployment = one(docs, "Deployment")
+    hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    if values.get("autoscaling", {}).get("enabled"):
+        (hpa,) = hpas
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": FULLNAME}
+        assert "replicas" not in deployment["spec"], "the HPA owns the replica count"
+        assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} >= {"cpu"}
+    else:
+        assert hpas == []
+        assert deployment["spec"]["replicas"] == values.get("replicaCount", 1)
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert len(pdb["spec"]) == 2, "minAvailable or maxUnavailable, never both"
+
+
+def test_services_keep_admin_apart(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> None:
+    _, values, docs = scenario
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    proxy, admin = one(docs, "Service"), one(docs, "Service", f"{FULLNAME}-admin")
+    assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    assert admin["spec"]["type"] == "ClusterIP"
+    assert proxy["spec"]["selector"] == admin["spec"]["selector"] == selector
+    monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    if values.get("serviceMonitor", {}).get("enabled"):
+        (monitor,) = monitors
+        match = monitor["spec"]["selector"]["matchLabels"]
+        assert match.items() <= admin["metadata"]["labels"].items(), "it scrapes the admin Service"
+        assert not match.items() <= proxy["metadata"]["labels"].items(), "and not the proxy Service"
+        assert monitor["spec"]["endpoints"][0]["port"] == admin["spec"]["ports"][0]["name"]
+        assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    else:
+        assert monitors == []
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if values.get("networkPolicy", {}).get("enabled"):
+        (policy,) = policies
+        rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
+        assert rules["admin"]["from"] == values["networkPolicy"]["adminFrom"]
+        assert rules["proxy"]["from"] == values["networkPolicy"]["proxyFrom"]
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["egress"][0]["ports"][0]["port"] == 53, "DNS stays allowed"
+    else:
+        assert policies == []
+
+
+def test_checksum_follows_the_routes() -> None:
+    def checksum(values: dict[str, Any]) -> str:
+        deployment = one(manifests(values), "Deployment")
+        return str(deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
+
+    routes = render({})
+    text = yaml.safe_load(routes["gateway/templates/configmap.yaml"])["data"]["routes.yaml"]
+    assert checksum({}) == hashlib.sha256(text.encode()).hexdigest()
+    assert checksum({}) == checksum({"replicaCount": 1, "logLevel": "debug"})
+    assert checksum({}) != checksum({"routes": text.replace("limit: 600", "limit: 601")})
+
+
+def test_notes_tell_how_to_reach_it() -> None:
+    notes = render({})["gateway/templates/NOTES.txt"]
+    assert f"service/{FULLNAME}-admin" in notes and "embedded Redis" in notes
+    notes = render(SCENARIOS["hpa-off-existing-secret"])["gateway/templates/NOTES.txt"]
+    assert "embedded Redis" not in notes and "need no token" not in notes
+
+
+REFUSED = [
+    ({"replicaCount": -1}, "/replicaCount"),
+    ({"workers": 0}, "/workers"),
+    ({"redis": {"mode": "primary-replica"}}, "/redis/mode"),
+    ({"redis": {"url": "http://redis:6379"}}, "/redis/url"),
+    ({"replicas": 3}, "'replicas' not allowed"),
+    ({"redis": {"url": "redis://redis:6379", "existingSecret": "redis"}},
+     "set redis.url or redis.existingSecret, not both"),
+    ({"redis": {"url": "redis://:hunter2@redis:6379/0"}}, "redis.url: it holds a password"),
+    ({"redis": {"url": "redis://default:hunter2@redis:6379"}}, "Put the whole URL in a Secret"),
+    ({"redis": {"url": "rediss://redis:6380/0?password=hunter2"}}, "redis.url: it holds a password"),
+    ({"replicaCount": 3}, "replicaCount 3 needs a shared Redis"),
+    ({"autoscaling": {"enabled": True}}, "autoscaling.enabled needs a shared Redis"),
+    ({"redis": {"mode": "cluster"}}, "redis.mode: cluster needs redis.url or redis.existingSecret"),
+    ({"redis": {"url": "redis://r:6379"}, "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
+     "minReplicas (5) is larger than maxReplicas (2)"),
+    ({"containerPorts": {"proxy": 9090, "admin": 9090}}, "proxy and admin must differ"),
+    ({"terminationGracePeriodSeconds": 10}, "terminationGracePeriodSeconds (10) must be longer"),
+    ({"routes": "version: 1\nroutes: [\n"}, "routes: not a YAML mapping"),
+    ({"routes": REPO_ROUTES.replace("${REDIS_URL:-}", "redis://:pw@redis:6379")},
+     "redis.url is written in routes.yaml"),
+    ({"routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "s3cret")}, "admin.token is a literal token"),
+    ({"routes": REPO_ROUTES, "redis": {"url": "redis://r:6379", "mode": "cluster"}},
+     'redis.mode is "standalone" but the chart\'s redis.mode is "cluster"'),
+    ({"admin": {"existingSecret": "adm"}, "routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "")},
+     "admin.existingSecret is set but routes does not read it"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), REFUSED, ids=[m for _, m in REFUSED])
+def test_bad_values_are_refused_with_a_clear_message(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError) as caught:
+        render(values)
+    assert message in str(caught.value)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(helm.HelmError) as caught:
+        render({"replicaCount": 2, "redis": {"mode": "sentinel"}, "containerPorts": {"proxy": 1, "admin": 1}})
+    text = str(caught.value)
+    assert "VALUES VALIDATION" in text
+    assert text.count("\n  - ") == 3, text
+
+
+# --- values.yaml documentation and schema -------------------------------------------------------------
+
+def leaf_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from leaf_paths(value, f"{prefix}.{key}" if prefix else key)
+    else:
+        yield prefix
+
+
+def test_every_value_is_documented_where_it_stands() -> None:
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    params = dict(re.findall(r"^\s*## @param (\S+) (.+)$", text, re.M))
+    for path in leaf_paths(values):
+        parts = path.split(".")
+        documented = [".".join(parts[: i + 1]) for i in range(len(parts)) if ".".join(parts[: i + 1]) in params]
+        assert documented, f"values.yaml: {path} has no ## @param"
+    for name, description in params.items():
+        node: Any = values
+        for part in name.split("."):
+            assert isinstance(node, dict) and part in node, f"## @param {name} names no value"
+            node = node[part]
+        assert len(description.split()) >= 3, f"## @param {name}: say what it does"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(values) == set(schema["properties"]) - {"global"}, "values.yaml and values.schema.json disagree"
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values)
+
+
+# --- the wheel and the image's entry command, outside Docker --------------------------------------------
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built like the Dockerfile's builder does, from only the files it copies."""
+    source = tmp_path_factory.mktemp("context")
+    for name in builder_sources():
+        origin = ROOT / name.rstrip("/")
+        if origin.is_dir():
+            shutil.copytree(origin, source / origin.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(origin, source / origin.name)
+    dist = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(dist), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    (built,) = dist.glob("*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel and its dependencies (from the index, or pip's cache). Returns its bin/."""
+    home = tmp_path_factory.mktemp("venv")
+    venv.EnvBuilder(with_pip=True).create(home)
+    subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    return home / "bin"
+
+
+@pytest.mark.timeout(300)
+def test_wheel_holds_the_package_and_its_data(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("gateway/lua/decide.lua", "gateway/cli.py", "gateway/config.py", "gateway/py.typed",
+                   "gateway/routes.schema.json"):
+        assert needed in names, f"{needed} missing from {wheel.name}"
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "helm/", "lua/"))]
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "gateway = gateway.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def clean_env(bin_dir: Path, workdir: Path) -> dict[str, str]:
+    """The image's environment, with the venv for /opt/gateway and temporary paths for /tmp and /etc."""
+    env = {"HOME": str(workdir), "LANG": "C.UTF-8"}
+    for key, value in runtime_env().items():
+        env[key] = value.replace("/opt/gateway/bin", str(bin_dir)).replace("$PATH", "/usr/bin:/bin")
+    env["TMPDIR"] = str(workdir / "tmp")
+    env["GATEWAY_CONFIG"] = str(workdir / "etc" / "routes.yaml")
+    (workdir / "tmp").mkdir()
+    (workdir / "etc").mkdir()
+    shutil.copy2(ROOT / "routes.yaml", workdir / "etc" / "routes.yaml")
+    return env
+
+
+@pytest.mark.timeout(600)
+def test_installed_wheel_runs_the_cli(installed: Path, tmp_path: Path) -> None:
+    env = clean_env(installed, tmp_path)
+    which = subprocess.run(["python", "-c", "import gateway, gateway.lua; print(gateway.__file__)"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    assert which.stdout.startswith(str(installed.parent)), "the installed wheel, not the source tree"
+    shown = subprocess.run(["gateway", "--help"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0 and "serve" in shown.stdout and "check" in shown.stdout
+    checked = subprocess.run(["gateway", "check", "etc/routes.yaml"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
+    assert "ok" in checked.stdout
+    (tmp_path / "bad.yaml").write_text("version: 1\nupstreams: {}\nroutes: [{name: r}]\n")
+    refused = subprocess.run(["gateway", "check", "bad.yaml"], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "bad.yaml:" in refused.stderr
+
+
+@pytest.mark.timeout(600)
+def test_image_entry_command_serves_and_passes_its_healthcheck(installed: Path, tmp_path: Path) -> None:
+    """ENTRYPOINT + CMD with the image's ENV (embedded Redis under TMPDIR); HEALTHCHECK; SIGTERM -> 0."""
+    env = clean_env(installed, tmp_path)
+    env["GATEWAY_PORT"], env["GATEWAY_ADMIN_PORT"] = str(free_port()), str(free_port())
+    log = (tmp_path / "gateway.log").open("wb")
+    process = subprocess.Popen(entry_command(), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        def healthy() -> bool:
+            assert process.poll() is None, (tmp_path / "gateway.log").read_text()
+            return subprocess.run(healthcheck_command(), env=env, cwd=tmp_path, capture_output=True,
+                                  timeout=10).returncode == 0
+
+        wait_until(healthy, timeout=60, interval=0.3)
+        ready = subprocess.run(["python", "-c", "import os, urllib.request; print(urllib.request.urlopen("
+                                "'http://127.0.0.1:%s/readyz' % os.environ['GATEWAY_ADMIN_PORT']).status)"],
+                               env=env, capture_output=True, text=True, timeout=30)
+        assert ready.stdout.strip() == "200", ready.stderr
+        assert any(tmp_path.joinpath("tmp").iterdir()), "the embedded Redis and metrics live under TMPDIR"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, (tmp_path / "gateway.log").read_text()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and subprocess.run(healthcheck_command(), env=env,
+                                                         capture_output=True).returncode == 0:
+        time.sleep(0.2)
+    assert subprocess.run(healthcheck_command(), env=env, capture_output=True).returncode != 0
