@@ -32,7 +32,7 @@ RUN python -m venv /opt/gateway
 
 # Dependencies first, in their own layer: editing the gateway's code does not reinstall them.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
       > /tmp/requirements.txt \
  && /opt/gateway/bin/pip install --requirement /tmp/requirements.txt
@@ -49,7 +49,7 @@ FROM ${PYTHON_IMAGE} AS runtime
 
 LABEL org.opencontainers.image.title="ratelimit-gateway" \
       org.opencontainers.image.description="A rate-limiting reverse proxy: layered limits checked in one Redis Lua call" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="MIT"
 
 # GATEWAY_CONFIG: mount your routes.yaml over /etc/gateway/routes.yaml (or a directory over
 # /etc/gateway). TMPDIR holds the embedded Redis socket and the Prometheus multiprocess files:

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import venv
 import zipfile
 from collections.abc import Iterator
@@ -139,6 +140,10 @@ def test_dockerfile_contract() -> None:
     assert "127.0.0.1" in healthcheck[0] and "/healthz" in healthcheck[0] and "'9090'" in healthcheck[0]
     assert entry_command() == ["gateway", "serve"]
     assert "gateway serve" in (ROOT / "README.md").read_text()
+    license_ = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert f'org.opencontainers.image.licenses="{license_}"' in " ".join(instruction(runtime, "LABEL"))
+    with helm.Chart.load(CHART) as chart:
+        assert chart.metadata["annotations"]["artifacthub.io/license"] == license_
 
 
 def entry_command() -> list[str]:
@@ -614,6 +619,7 @@ def test_wheel_holds_the_package_and_its_data(wheel: Path) -> None:
                    "gateway/routes.schema.json"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("tests/", "bench/", "helm/", "lua/"))]
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], "the licence travels with the wheel"
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "gateway = gateway.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
