@@ -242,6 +242,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "redis": {"url": "redis://sentinel.data.svc:26379", "mode": "sentinel", "sentinelMaster": "primary"},
         "replicaCount": 2,
         "rollOnConfigChange": False,
+        "updateStrategy": {"type": "Recreate"},
     },
     "monitoring-networkpolicy": {
         "redis": {"existingSecret": "redis-conn"},
@@ -455,6 +456,11 @@ def test_autoscaling_and_disruption_budget(scenario: tuple[str, dict[str, Any], 
     else:
         assert hpas == []
         assert deployment["spec"]["replicas"] == values.get("replicaCount", 1)
+    strategy = values.get("updateStrategy", {}).get("type", "RollingUpdate")
+    if strategy == "Recreate":
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}, "no rollingUpdate beside Recreate"
+    else:
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
     assert len(pdb["spec"]) == 2, "minAvailable or maxUnavailable, never both"
