@@ -28,20 +28,22 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev make \
  && rm -rf /var/lib/apt/lists/*
 
-RUN python -m venv /opt/gateway
+# The venv gets no pip of its own: the base image's pip installs into it (--python), so the venv
+# copied into the runtime stage carries no installer.
+RUN python -m venv --without-pip /opt/gateway
 
 # Dependencies first, in their own layer: editing the gateway's code does not reinstall them.
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
       > /tmp/requirements.txt \
- && /opt/gateway/bin/pip install --requirement /tmp/requirements.txt
+ && python -m pip --python /opt/gateway/bin/python install --requirement /tmp/requirements.txt
 
 # The wheel (gateway/ plus lua/ as gateway.lua), installed without touching the dependencies again.
 COPY gateway ./gateway
 COPY lua ./lua
-RUN /opt/gateway/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/gateway/bin/pip install --no-deps /wheels/*.whl \
+RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
+ && python -m pip --python /opt/gateway/bin/python install --no-deps /wheels/*.whl \
  && /opt/gateway/bin/gateway --help > /dev/null
 
 

@@ -125,7 +125,7 @@ def test_dockerfile_contract() -> None:
 
     runtime = by_stage["runtime"]
     run_lines = " ".join(instruction(runtime, "RUN"))
-    for tool in ("apt-get", "pip ", "gcc", "make", "curl"):
+    for tool in ("apt-get", "pip", "gcc", "make", "curl"):
         assert tool not in run_lines, f"{tool} in the runtime stage"
     copies = instruction(runtime, "COPY")
     assert "--from=builder /opt/gateway /opt/gateway" in copies
@@ -610,11 +610,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel and its dependencies (from the index, or pip's cache). Returns its bin/."""
+    """A fresh venv without pip, the wheel and its dependencies installed into it from outside (as the
+    builder stage does; from the index or pip's cache). Returns its bin/."""
     home = tmp_path_factory.mktemp("venv")
-    venv.EnvBuilder(with_pip=True).create(home)
-    subprocess.run([str(home / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
-                   check=True, capture_output=True, timeout=600)
+    venv.EnvBuilder(with_pip=False).create(home)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(home / "bin" / "python"), "install", "--quiet",
+                    str(wheel)], check=True, capture_output=True, timeout=600)
     return home / "bin"
 
 
@@ -646,6 +647,7 @@ def clean_env(bin_dir: Path, workdir: Path) -> dict[str, str]:
 @pytest.mark.timeout(600)
 def test_installed_wheel_runs_the_cli(installed: Path, tmp_path: Path) -> None:
     env = clean_env(installed, tmp_path)
+    assert not (installed / "pip").exists(), "the runtime venv carries no installer"
     which = subprocess.run(["python", "-c", "import gateway, gateway.lua; print(gateway.__file__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
     assert which.stdout.startswith(str(installed.parent)), "the installed wheel, not the source tree"
