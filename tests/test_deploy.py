@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "gateway"
 DOCKERFILE = ROOT / "Dockerfile"
 BIN = Path(sys.executable).parent
+HADOLINT = shutil.which("hadolint", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") or "hadolint"
 RELEASE, NAMESPACE = "edge", "gateways"
 FULLNAME = f"{RELEASE}-gateway"
 
@@ -93,7 +94,7 @@ def instruction(stage: list[tuple[str, str, int]], keyword: str) -> list[str]:
 
 
 def test_hadolint_is_clean() -> None:
-    result = subprocess.run([str(BIN / "hadolint"), "--no-color", "-f", "json", str(DOCKERFILE)],
+    result = subprocess.run([HADOLINT, "--no-color", "-f", "json", str(DOCKERFILE)],
                             capture_output=True, text=True, timeout=60)
     assert json.loads(result.stdout or "[]") == [], result.stdout + result.stderr
     assert result.returncode == 0
@@ -108,7 +109,7 @@ def test_every_hadolint_ignore_has_a_reason_and_hides_nothing_else() -> None:
             ignored.update(match.group(1).split(","))
             above = lines[index - 1].strip() if index else ""
             assert above.startswith("#") and "hadolint" not in above, f"line {index + 1}: say why above the ignore"
-    result = subprocess.run([str(BIN / "hadolint"), "--no-color", "-f", "json", "--disable-ignore-pragma",
+    result = subprocess.run([HADOLINT, "--no-color", "-f", "json", "--disable-ignore-pragma",
                              str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     found = {finding["code"] for finding in json.loads(result.stdout or "[]")}
     assert found == ignored, f"ignored {sorted(ignored)}, but without the pragmas hadolint reports {sorted(found)}"
