@@ -107,10 +107,6 @@ class Limiter:
         args: list[bytes | str | int] = [len(keys), b"1" if peek else b"0"]
         for fixed, cost in zip(rules, costs, strict=True):
             args.extend((fixed[0], fixed[1], fixed[2], cost, fixed[3]))
-        reply = await self._run(keys, args)
-        return parse_reply(reply, len(keys))
-
-    async def _run(self, keys: list[str], args: list[bytes | str | int]) -> list[int]:
         if not self.breaker.allow():
             raise RedisUnavailable("Redis circuit breaker is open")
         started = time.perf_counter()
@@ -138,4 +134,4 @@ class Limiter:
         if self.observe:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
-        return reply
+        return parse_reply(reply, len(keys))

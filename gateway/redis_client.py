@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -100,7 +101,7 @@ class _Protocol(asyncio.Protocol):
             if not pending:  # a reply nobody asked for: the stream is out of step
                 self.owner.transport_lost(RedisUnavailable("unexpected reply from Redis"))
                 return
-            fut = pending.popleft()
+            _, fut = pending.popleft()
             if not fut.done():
                 fut.set_result(reply)
 
@@ -115,7 +116,8 @@ class RedisConnection:
         self.address = address
         self.timeout = timeout
         self.max_in_flight = max_in_flight
-        self.pending: deque[asyncio.Future[Any]] = deque()
+        self.pending: deque[tuple[float, asyncio.Future[Any]]] = deque()  # (deadline, caller)
+        self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._outbox: list[bytes] = []
@@ -171,7 +173,7 @@ class RedisConnection:
             transport.abort()
         self._outbox.clear()
         while self.pending:
-            fut = self.pending.popleft()
+            _, fut = self.pending.popleft()
             if not fut.done():
                 fut.set_exception(error)
 
@@ -187,26 +189,46 @@ class RedisConnection:
         if len(self.pending) >= self.max_in_flight:
             fut.set_exception(RedisUnavailable("too many Redis calls in flight"))
             return fut
-        self.pending.append(fut)
+        deadline = loop.time() + timeout
+        self.pending.append((deadline, fut))
         self._outbox.append(encode(args))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        timer = loop.call_later(timeout, _expire, fut)
-        fut.add_done_callback(lambda _: timer.cancel())
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire_overdue)
         return fut
 
-    async def call(self, *args: bytes | str | int, timeout: float | None = None) -> Any:
-        """Send one command; return its reply (a `RedisReplyError` value for an error reply)."""
+    def _expire_overdue(self) -> None:
+        """One timer for all calls in flight: fail the overdue ones (their replies, if they ever
+        come, are matched and dropped), then wait for the next deadline."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        next_deadline = None
+        for deadline, fut in self.pending:
+            if fut.done():
+                continue
+            if deadline <= now:
+                fut.set_exception(RedisUnavailable("Redis did not answer in time"))
+            elif next_deadline is None or deadline < next_deadline:
+                next_deadline = deadline
+                break  # calls are queued in deadline order (all but a rare shorter retry)
+        if next_deadline is not None:
+            self._timer = loop.call_at(next_deadline, self._expire_overdue)
+
+    def call(self, *args: bytes | str | int, timeout: float | None = None) -> Awaitable[Any]:
+        """Send one command; await its reply (a `RedisReplyError` value for an error reply).
+        Connected, this is one future: no coroutine frame on the hot path."""
         limit = self.timeout if timeout is None else timeout
         if self._transport is None:
-            await self._ensure(limit)
+            return self._connect_then_send(args, limit)
+        return self._send(args, limit)
+
+    async def _connect_then_send(self, args: tuple[bytes | str | int, ...], limit: float) -> Any:
+        await self._ensure(limit)
         return await self._send(args, limit)
 
     def close(self) -> None:
         self.transport_lost(RedisUnavailable("connection closed"))
 
-
-def _expire(fut: asyncio.Future[Any]) -> None:
-    if not fut.done():
-        fut.set_exception(RedisUnavailable("Redis did not answer in time"))
