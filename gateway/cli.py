@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from gateway.config import load_config
@@ -36,17 +36,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         return check(args.config)
     try:
-        settings = from_env(os.environ)
+        settings = resolve_settings(args, os.environ)
     except ValueError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return 2
+    return serve(settings)
+
+
+def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """Defaults, then the environment, then flags."""
     flags = {
         "config_path": args.config, "host": args.host, "port": args.port,
         "admin_host": args.admin_host, "admin_port": args.admin_port,
         "workers": args.workers, "redis_url": args.redis_url,
     }
-    settings = replace(settings, **{k: v for k, v in flags.items() if v is not None})
-    return serve(settings)
+    return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    return _parser().parse_args(argv)
 
 
 def check(path: str) -> int:

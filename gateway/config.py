@@ -159,7 +159,7 @@ class _Reader:
         self, node: yaml.Node, key: str, allowed: tuple[str, ...]
     ) -> dict[str, yaml.Node] | None:
         if not isinstance(node, yaml.MappingNode):
-            self.problem(node, key, "must be a mapping")
+            self.problem(node, key or "(document)", "must be a mapping")
             return None
         out: dict[str, yaml.Node] = {}
         for knode, vnode in node.value:
@@ -298,6 +298,8 @@ def parse_config(data: bytes | str, file: str, env: Mapping[str, str]) -> Config
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         message = f"not valid YAML: {exc.problem or exc.context}"
+        if "expected ',' or '}'" in message or "expected ',' or ']'" in message:
+            message += ' (a value containing { } inside a {...} mapping must be quoted: path: "/items/{id}")'
         raise ConfigError([ConfigProblem(file, line, "(document)", message)]) from exc
     except (yaml.YAMLError, RecursionError) as exc:
         raise ConfigError([ConfigProblem(file, 1, "(document)", f"not valid YAML: {exc}")]) from exc

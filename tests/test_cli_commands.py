@@ -1,0 +1,83 @@
+"""The command line: `gateway check`, `gateway serve` refusing a bad config, settings precedence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import parse_args, resolve_settings
+from gateway.settings import Settings, from_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env=env)
+
+
+def test_check_accepts_the_repository_routes() -> None:
+    result = run("check", "routes.yaml")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "routes.yaml: ok (2 routes, 7 rules, 1 upstreams)"
+
+
+def test_check_lists_every_error_with_file_line_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nupstreams: {shop: {url: 'http://x:1'}}\nroutes:\n"
+                   "  - {name: a, match: {path: /a}, upstream: nowhere}\n"
+                   "  - {name: b, match: {path: /b}, upstream: shop, colour: red}\n")
+    result = run("check", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == f"{bad}:4: routes[0](a).upstream: no upstream named 'nowhere' (known: shop)"
+    assert lines[1].startswith(f"{bad}:5: routes[1].colour: unknown key")
+    assert lines[-1] == f"{bad}: 2 error(s)"
+
+
+def test_serve_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\n")
+    result = run("serve", "--config", str(bad), "--port", "0", "--admin-port", "1")
+    assert result.returncode == 2
+    assert "upstreams: is required" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_the_same_port_for_proxy_and_admin() -> None:
+    result = run("serve", "--port", "9999", "--admin-port", "9999")
+    assert result.returncode == 2 and "admin port must differ" in result.stderr
+
+
+def test_bad_environment_value_is_a_clear_error() -> None:
+    result = run("serve", env={"GATEWAY_PORT": "eighty", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "GATEWAY_PORT='eighty'" in result.stderr
+
+
+def test_environment_overrides_defaults_and_flags_override_environment() -> None:
+    env = {"GATEWAY_PORT": "8181", "GATEWAY_ADMIN_PORT": "9191", "GATEWAY_WORKERS": "3",
+           "GATEWAY_REDIS_URL": "redis://r:6379", "GATEWAY_CONFIG": "/etc/gw.yaml", "GATEWAY_LOG_LEVEL": "debug"}
+    settings = from_env(env)
+    assert settings == Settings(config_path="/etc/gw.yaml", port=8181, admin_port=9191, workers=3,
+                                redis_url="redis://r:6379", log_level="debug")
+    assert from_env({}) == Settings()
+    with pytest.raises(ValueError, match="GATEWAY_WORKERS"):
+        from_env({"GATEWAY_WORKERS": "many"})
+
+
+def test_flags_override_the_environment() -> None:
+    env = {"GATEWAY_PORT": "8181", "GATEWAY_WORKERS": "3", "GATEWAY_REDIS_URL": "redis://env:1"}
+    args = parse_args(["serve", "--port", "7070", "--redis-url", "redis://flag:2", "--admin-host", "127.0.0.1"])
+    settings = resolve_settings(args, env)
+    assert (settings.port, settings.workers, settings.redis_url) == (7070, 3, "redis://flag:2")
+    assert settings.effective_admin_host == "127.0.0.1" and settings.host == "0.0.0.0"
+
+
+def test_help_names_both_commands() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    assert "serve" in result.stdout and "check" in result.stdout
