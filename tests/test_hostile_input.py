@@ -70,7 +70,21 @@ def exchange(port: int, data: bytes, wait: float = 5.0) -> bytes:
             if not chunk:
                 break
             out += chunk
+            if _complete(out):
+                break
         return out
+
+
+def _complete(raw: bytes) -> bool:
+    """A whole response with a Content-Length has arrived (keep-alive would otherwise idle on)."""
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
 
 
 def status_of(raw: bytes) -> int:
