@@ -49,6 +49,12 @@ class RedisProcess(EmbeddedRedis):
             }
         super().__init__(binary=binary, port=port or free_port(), extra_args=extra_args, env=env)
 
+    def stop(self) -> None:
+        if self.env and self.process is not None and self.process.poll() is None:
+            self.process.kill()  # with a frozen clock a graceful shutdown waits for time to pass
+            self.process.wait()
+        super().stop()
+
     def client(self) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port)
 
@@ -57,6 +63,8 @@ class RedisProcess(EmbeddedRedis):
         assert self.process is not None
         self.process.kill()
         self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
         self.process = None
         self.start()
 
@@ -71,8 +79,9 @@ class RedisClock:
 
     def set(self, when: float) -> None:
         self.now = when
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when))
-        frac = f"{when % 1:.6f}"[1:]
+        seconds, micros = divmod(round(when * 1_000_000), 1_000_000)  # exact to the microsecond
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+        frac = f".{micros:06d}5"  # libfaketime parses a double and truncates: aim mid-microsecond
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(f"{stamp}{frac}\n")  # no "@": the clock stands still until set
         os.replace(tmp, self.path)

@@ -1,0 +1,273 @@
+"""The seven algorithms against a real Redis whose clock the test sets (libfaketime): each one's
+promise checked against a plain-Python model, with random arrivals and costs (hypothesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.config import RedisSettings, Rule
+from gateway.limiter import Decision, Limiter, Outcome, rule_args
+from gateway.redis_backends import StandaloneRunner
+from tests.support.redis_proc import RedisClock, RedisProcess
+
+T0 = 1_800_000_000.0  # a fixed epoch second, aligned to every window used here
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+class Engine:
+    """One limiter on its own event loop, driven synchronously by the tests."""
+
+    def __init__(self, proc: RedisProcess, clock: RedisClock) -> None:
+        self.clock = clock
+        self.proc = proc
+        self.loop = asyncio.new_event_loop()
+        self.limiter = Limiter(StandaloneRunner(RedisSettings(url=proc.url, timeout=2.0)))
+
+    def decide(self, rules: list[Rule], keys: list[str], costs: list[int], peek: bool = False) -> Decision:
+        coro = self.limiter.decide([rule_args(r) for r in rules], keys, costs, peek=peek)
+        return self.loop.run_until_complete(coro)
+
+    def at(self, when: float) -> None:
+        self.clock.set(when)
+
+    def close(self) -> None:
+        self.limiter.runner.close()
+        self.loop.run_until_complete(asyncio.sleep(0.01))  # let the aborted transport finish closing
+        self.loop.close()
+
+
+@pytest.fixture
+def engine(clocked_redis: tuple[RedisProcess, RedisClock]) -> Iterator[Engine]:
+    proc, clock = clocked_redis
+    e = Engine(proc, clock)
+    yield e
+    e.close()
+
+
+def key() -> str:
+    return f"t:{{r}}:x:{uuid.uuid4().hex}"
+
+
+# arrivals: (gap in ms since the previous request, cost)
+arrivals = st.lists(st.tuples(st.integers(0, 700), st.integers(1, 3)), min_size=1, max_size=40)
+
+
+def run(engine: Engine, rule: Rule, plan: list[tuple[int, int]]) -> list[tuple[float, int, Decision]]:
+    k, now, out = key(), T0, []
+    for gap, cost in plan:
+        now += gap / 1000
+        engine.at(now)
+        out.append((now, cost, engine.decide([rule], [k], [cost])))
+    return out
+
+
+@SETTINGS
+@given(plan=arrivals, limit=st.integers(1, 6))
+def test_sliding_log_is_exact_in_every_window(engine: Engine, plan: list[tuple[int, int]], limit: int) -> None:
+    window = 1.0
+    rule = Rule("r", (), "sliding_log", limit=limit, window=window)
+    admitted: list[tuple[float, int]] = []
+    for now, cost, decision in run(engine, rule, plan):
+        in_window = sum(c for t, c in admitted if t > now - window)
+        expected = cost <= limit and in_window + cost <= limit
+        assert decision.admitted == expected
+        if decision.admitted:
+            admitted.append((now, cost))
+    for start, _ in admitted:
+        assert sum(c for t, c in admitted if start <= t < start + window) <= limit
+
+
+@SETTINGS
+@given(plan=arrivals, limit=st.integers(1, 6))
+def test_fixed_window_counts_per_aligned_window(engine: Engine, plan: list[tuple[int, int]], limit: int) -> None:
+    rule = Rule("r", (), "fixed_window", limit=limit, window=1.0)
+    used: dict[int, int] = {}
+    for now, cost, decision in run(engine, rule, plan):
+        window = math.floor(now + 1e-9)
+        expected = cost <= limit and used.get(window, 0) + cost <= limit
+        assert decision.admitted == expected
+        if expected:
+            used[window] = used.get(window, 0) + cost
+        elif cost <= limit:
+            assert decision.retry_after_ms is not None
+            assert abs(decision.retry_after_ms - (window + 1 - now) * 1000) <= 1
+
+
+@SETTINGS
+@given(plan=arrivals, burst=st.integers(1, 6), rate=st.sampled_from([1.0, 2.0, 5.0, 10.0]),
+       algorithm=st.sampled_from(["token_bucket", "gcra"]))
+def test_buckets_admit_at_most_burst_plus_rate_times_t(
+    engine: Engine, plan: list[tuple[int, int]], burst: int, rate: float, algorithm: str
+) -> None:
+    rule = Rule("r", (), algorithm, rate=rate, burst=burst)
+    tokens, last = float(burst), T0
+    admitted: list[tuple[float, int]] = []
+    for now, cost, decision in run(engine, rule, plan):
+        tokens = min(burst, tokens + (now - last) * rate)
+        last = now
+        expected = cost <= burst and tokens + 1e-6 >= cost
+        assert decision.admitted == expected, (now, cost, tokens)
+        if expected:
+            tokens -= cost
+            admitted.append((now, cost))
+    for i, (start, _) in enumerate(admitted):
+        for end, _ in admitted[i:]:
+            total = sum(c for t, c in admitted if start <= t <= end)
+            assert total <= burst + rate * (end - start) + 1e-6
+
+
+@SETTINGS
+@given(plan=arrivals, limit=st.integers(2, 8))
+def test_sliding_window_stays_under_the_weighted_estimate(
+    engine: Engine, plan: list[tuple[int, int]], limit: int
+) -> None:
+    rule = Rule("r", (), "sliding_window", limit=limit, window=1.0)
+    counts: dict[int, int] = {}
+    for now, cost, decision in run(engine, rule, plan):
+        window = math.floor(now + 1e-9)
+        elapsed = now - window
+        estimate = counts.get(window - 1, 0) * (1 - elapsed) + counts.get(window, 0)
+        expected = cost <= limit and estimate + cost <= limit + 1e-9
+        assert decision.admitted == expected
+        if expected:
+            counts[window] = counts.get(window, 0) + cost
+        assert counts.get(window, 0) <= limit
+
+
+@SETTINGS
+@given(plan=st.lists(st.tuples(st.integers(0, 300), st.just(1)), min_size=1, max_size=40),
+       burst=st.integers(1, 5))
+def test_leaky_bucket_spaces_departures_and_bounds_the_queue(
+    engine: Engine, plan: list[tuple[int, int]], burst: int
+) -> None:
+    rate = 5.0
+    rule = Rule("r", (), "leaky_bucket", rate=rate, burst=burst)
+    departures: list[float] = []
+    for now, _, decision in run(engine, rule, plan):
+        if decision.admitted:
+            leave = now + decision.delay_ms / 1000
+            if departures:
+                assert leave - departures[-1] >= 1 / rate - 0.002
+            departures.append(leave)
+            waiting = sum(1 for d in departures if d > now + 1e-9)
+            assert waiting <= burst
+        else:
+            assert decision.retry_after_ms is not None and decision.retry_after_ms > 0
+
+
+@SETTINGS
+@given(costs=st.lists(st.integers(1, 4), min_size=1, max_size=40), limit=st.integers(1, 20))
+def test_quota_admits_exactly_its_total_and_never_refills(engine: Engine, costs: list[int], limit: int) -> None:
+    rule = Rule("r", (), "quota", limit=limit)
+    k, used = key(), 0
+    for i, cost in enumerate(costs):
+        engine.at(T0 + i * 3600)  # hours pass: nothing comes back
+        decision = engine.decide([rule], [k], [cost])
+        expected = used + cost <= limit
+        assert decision.admitted == expected
+        used += cost if expected else 0
+        if not expected:
+            assert decision.retry_after_ms is None
+    assert engine.proc.client().pttl(k) in (-1, -2)  # stock has no TTL (or was never written)
+
+
+def test_quota_with_a_period_refills_each_aligned_period(engine: Engine) -> None:
+    rule = Rule("r", (), "quota", limit=2, window=60.0)
+    k = key()
+    engine.at(T0 + 10)
+    assert [engine.decide([rule], [k], [1]).admitted for _ in range(3)] == [True, True, False]
+    refused = engine.decide([rule], [k], [1])
+    assert refused.retry_after_ms == 50_000
+    engine.at(T0 + 60)
+    assert engine.decide([rule], [k], [1]).admitted
+
+
+@pytest.mark.parametrize("rule", [
+    Rule("r", (), "fixed_window", limit=3, window=2.0),
+    Rule("r", (), "sliding_window", limit=3, window=2.0),
+    Rule("r", (), "sliding_log", limit=3, window=2.0),
+    Rule("r", (), "token_bucket", rate=3.0, burst=3),
+    Rule("r", (), "gcra", rate=0.7, burst=3),
+    Rule("r", (), "leaky_bucket", rate=3.0, burst=2),
+    Rule("r", (), "quota", limit=3, window=7.0),
+], ids=lambda r: r.algorithm)
+def test_retry_after_is_honest(engine: Engine, rule: Rule) -> None:
+    k, now = key(), T0 + 0.25
+    engine.at(now)
+    decision = engine.decide([rule], [k], [1])
+    while decision.admitted:
+        now += 0.013
+        engine.at(now)
+        decision = engine.decide([rule], [k], [1])
+    assert decision.retry_after_ms is not None
+    engine.at(now + decision.retry_after_ms / 1000)
+    assert engine.decide([rule], [k], [1], peek=True).rules[0].outcome is Outcome.ADMITS
+    assert engine.decide([rule], [k], [1]).admitted
+    assert engine.proc.client().pttl(k) > 0  # every key carries a TTL
+
+
+def test_all_or_nothing_and_shadow(engine: Engine) -> None:
+    roomy = Rule("roomy", (), "token_bucket", rate=1.0, burst=10)
+    tight = Rule("tight", (), "quota", limit=1)
+    shadow = Rule("watch", (), "fixed_window", limit=1, window=60.0, shadow=True)
+    keys = [key(), key(), key()]
+    engine.at(T0)
+    assert engine.decide([roomy, tight, shadow], keys, [1, 1, 1]).admitted
+    refused = engine.decide([roomy, tight, shadow], keys, [1, 1, 1])
+    assert not refused.admitted and refused.refused_by == 1
+    assert refused.rules[2].outcome is Outcome.SHADOW_REFUSES
+    # the refused request consumed nothing: roomy still has 9
+    assert engine.decide([roomy], keys[:1], [0], peek=True).rules[0].remaining == 9
+    only_shadow = engine.decide([roomy, shadow], [keys[0], keys[2]], [1, 1])
+    assert only_shadow.admitted and only_shadow.rules[1].outcome is Outcome.SHADOW_REFUSES
+
+
+def test_a_cost_that_can_never_fit_has_no_retry(engine: Engine) -> None:
+    engine.at(T0)
+    for rule in (Rule("r", (), "gcra", rate=1.0, burst=3), Rule("r", (), "sliding_log", limit=3, window=1.0),
+                 Rule("r", (), "fixed_window", limit=3, window=1.0)):
+        decision = engine.decide([rule], [key()], [4])
+        assert not decision.admitted and decision.retry_after_ms is None
+        assert decision.rules[0].outcome is Outcome.NEVER_FITS
+
+
+@pytest.mark.parametrize("rule", [
+    Rule("r", (), "fixed_window", limit=2, window=10.0),
+    Rule("r", (), "sliding_window", limit=2, window=10.0),
+    Rule("r", (), "sliding_log", limit=2, window=10.0),
+    Rule("r", (), "token_bucket", rate=0.2, burst=2),
+    Rule("r", (), "gcra", rate=0.2, burst=2),
+    Rule("r", (), "leaky_bucket", rate=0.2, burst=1),
+], ids=lambda r: r.algorithm)
+def test_clock_step_backwards_admits_nothing_extra_and_never_wedges(engine: Engine, rule: Rule) -> None:
+    k = key()
+    engine.at(T0 + 5)
+    while engine.decide([rule], [k], [1]).admitted:
+        pass
+    engine.at(T0 + 5 - 3600)  # an hour back
+    assert not engine.decide([rule], [k], [1]).admitted
+    # one window (or burst period) of the new time later, the key works again
+    engine.at(T0 + 5 - 3600 + 21)
+    assert engine.decide([rule], [k], [1]).admitted
+
+
+def test_both_server_versions(any_redis: RedisProcess) -> None:
+    limiter = Limiter(StandaloneRunner(RedisSettings(url=any_redis.url, timeout=2.0)))
+    rules = [Rule("a", (), "gcra", rate=1.0, burst=2), Rule("b", (), "sliding_window", limit=5, window=1.0),
+             Rule("c", (), "quota", limit=3)]
+    keys = [key(), key(), key()]
+
+    async def go() -> list[bool]:
+        out = [(await limiter.decide([rule_args(r) for r in rules], keys, [1, 1, 1])).admitted for _ in range(4)]
+        limiter.runner.close()
+        await asyncio.sleep(0.01)
+        return out
+
+    assert asyncio.run(go()) == [True, True, False, False]
