@@ -22,11 +22,6 @@ MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 
 
-class _TooLarge(Exception):
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-
 def _problem_bytes(status: int, title: str, detail: str) -> bytes:
     body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
     head = (
@@ -116,16 +111,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self._in_headers:
+        # One read may carry the head and the start of a large body: judge the head only if it is
+        # still incomplete after this read (what is buffered stays below the bound plus one read).
+        counting = self._in_headers
+        if counting:
             self._header_bytes += len(data)
-            if self._header_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES:
-                self._refuse(431, "Request Header Fields Too Large",
-                             f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
-                return
-        try:
-            super().data_received(data)
-        except _TooLarge as exc:  # pragma: no cover - converted by the parser, kept for safety
-            self._too_large(exc.status)
+        super().data_received(data)
+        if (counting and self._in_headers and self._header_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES
+                and not self.transport.is_closing()):
+            self._refuse(431, "Request Header Fields Too Large",
+                         f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
 
     def _too_large(self, status: int) -> None:
         if status == 414:

@@ -60,11 +60,12 @@ arrivals = st.lists(st.tuples(st.integers(0, 700), st.integers(1, 3)), min_size=
 
 
 def run(engine: Engine, rule: Rule, plan: list[tuple[int, int]]) -> list[tuple[float, int, Decision]]:
-    k, now, out = key(), T0, []
+    """Times are returned in seconds since T0 (small floats: the models stay exact)."""
+    k, elapsed_ms, out = key(), 0, []
     for gap, cost in plan:
-        now += gap / 1000
-        engine.at(now)
-        out.append((now, cost, engine.decide([rule], [k], [cost])))
+        elapsed_ms += gap
+        engine.at(T0 + elapsed_ms / 1000)
+        out.append((elapsed_ms / 1000, cost, engine.decide([rule], [k], [cost])))
     return out
 
 
@@ -107,7 +108,7 @@ def test_buckets_admit_at_most_burst_plus_rate_times_t(
     engine: Engine, plan: list[tuple[int, int]], burst: int, rate: float, algorithm: str
 ) -> None:
     rule = Rule("r", (), algorithm, rate=rate, burst=burst)
-    tokens, last = float(burst), T0
+    tokens, last = float(burst), 0.0
     admitted: list[tuple[float, int]] = []
     for now, cost, decision in run(engine, rule, plan):
         tokens = min(burst, tokens + (now - last) * rate)
