@@ -1,0 +1,78 @@
+"""/metrics after known traffic, summed over two workers: exact counts."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
+
+
+def samples(gateway: GatewayProcess) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(gateway.admin_url + "/metrics").text.splitlines():
+        if line.startswith("gateway_"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_counts_after_known_traffic(tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> None:
+    config = f"""
+    version: 1
+    redis: {{key_prefix: m{uuid.uuid4().hex[:6]}}}
+    upstreams:
+      up: {{url: "{upstream.url}"}}
+      dead: {{url: "http://127.0.0.1:{free_port()}", connect_timeout: 500ms}}
+    routes:
+      - name: sale
+        match: {{path: /echo/sale}}
+        upstream: up
+        limits:
+          - {{name: stock, by: [], algorithm: quota, limit: 7}}
+          - {{name: watch, by: [], algorithm: fixed_window, limit: 4, window: 1h, shadow: true}}
+      - name: gone
+        match: {{path: /gone}}
+        upstream: dead
+    """
+    gateway = GatewayProcess(config, tmp_path, redis_url=redis_proc.url, workers=2)
+    gateway.start()
+    try:
+        statuses = [httpx.get(gateway.url + "/echo/sale").status_code for _ in range(10)]
+        assert statuses == [200] * 7 + [429] * 3
+        assert httpx.get(gateway.url + "/gone").status_code == 502
+        expected = {
+            'gateway_requests_total{outcome="admitted",route="sale"}': 7,
+            'gateway_requests_total{outcome="refused",route="sale"}': 3,
+            'gateway_requests_total{outcome="admitted",route="gone"}': 1,
+            'gateway_rule_decisions_total{outcome="admitted",route="sale",rule="stock"}': 7,
+            'gateway_rule_decisions_total{outcome="refused",route="sale",rule="stock"}': 3,
+            'gateway_rule_decisions_total{outcome="admitted",route="sale",rule="watch"}': 4,
+            'gateway_rule_decisions_total{outcome="shadow_refused",route="sale",rule="watch"}': 6,
+            'gateway_responses_total{route="sale",status="200"}': 7,
+            'gateway_responses_total{route="sale",status="429"}': 3,
+            'gateway_responses_total{route="gone",status="502"}': 1,
+            'gateway_upstream_errors_total{kind="unavailable",upstream="dead"}': 1,
+            'gateway_redis_latency_seconds_count{result="ok"}': 10,
+            'gateway_upstream_latency_seconds_count{upstream="up"}': 7,
+            "gateway_redis_breaker_state": 0,
+            "gateway_config_routes": 2,
+        }
+
+        def matches() -> bool:
+            seen = samples(gateway)
+            return all(seen.get(name) == value for name, value in expected.items())
+
+        try:
+            wait_until(matches, timeout=5, interval=0.2)
+        except TimeoutError:
+            seen = samples(gateway)
+            raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
+    finally:
+        assert gateway.stop() == 0
