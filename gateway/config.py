@@ -164,7 +164,8 @@ class _Reader:
         out: dict[str, yaml.Node] = {}
         for knode, vnode in node.value:
             name = knode.value if isinstance(knode, yaml.ScalarNode) else None
-            path = f"{key}.{name}" if key else str(name)
+            shown = name if name else "(empty key)" if name == "" else "(non-text key)"
+            path = f"{key}.{shown}" if key else shown
             if name not in allowed:
                 hint = ", ".join(allowed)
                 self.problem(knode, path, f"unknown key (allowed here: {hint})")
