@@ -6,8 +6,9 @@ The `{<route>}` hash tag puts every key of one decision in one Cluster slot, so 
 works on Redis Cluster. Route, rule and prefix names are validated by config to `[A-Za-z0-9_.-]`.
 Client-supplied identity parts are kept readable only when every part is short and made of safe
 characters (`[A-Za-z0-9._-]`, no separator, no brace); anything else becomes `~` + a 120-bit
-BLAKE2b digest of the length-prefixed parts. So no two different identities share a key, no client
-can inject a tag or a separator, and no key is longer than a fixed bound.
+BLAKE2b digest of the length-prefixed parts; a rule without identity parts gets `~` alone. So no
+two different identities share a key, no client can inject a tag or a separator, and no key is
+longer than a fixed bound.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MAX_READABLE = 48
 def identity_token(parts: Sequence[bytes]) -> str:
     """Encode a rule's identity parts into the last segment of its key."""
     if not parts:
-        return "_"
+        return "~"  # a rule without identity; no readable token and no digest is this short
     if all(_SAFE.match(p) for p in parts):
         joined = b":".join(parts)
         if len(joined) <= MAX_READABLE:

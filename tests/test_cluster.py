@@ -85,7 +85,7 @@ def _move_slot(cluster: RedisCluster, slot: int) -> None:
 
 def test_a_moved_slot_costs_no_error_and_no_count(cluster: RedisCluster) -> None:
     route = f"moving-{uuid.uuid4().hex[:6]}"
-    key = state_key("rlgw", route, "stock", "_")
+    key = state_key("rlgw", route, "stock", "~")
     rule = Rule("stock", (), "quota", limit=6)
 
     async def run() -> list[bool]:

@@ -86,7 +86,7 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
     settings = RedisSettings(url=f"redis://127.0.0.1:{sentinel.port}", mode="sentinel", timeout=1.0,
                              sentinel_master="mymaster")
     rule = Rule("stock", (), "quota", limit=10)
-    key = state_key("rlgw", "sale", "stock", "_")
+    key = state_key("rlgw", "sale", "stock", "~")
 
     async def run() -> list[bool]:
         runner = SentinelRunner(settings)
@@ -123,6 +123,6 @@ def test_no_sentinel_answering_is_redis_unavailable(tmp_path: Path) -> None:
     async def run() -> None:
         limiter = Limiter(SentinelRunner(settings))
         with pytest.raises(RedisUnavailable):
-            await limiter.decide([rule_args(Rule("q", (), "quota", limit=1))], ["rlgw:{x}:q:_"], [1])
+            await limiter.decide([rule_args(Rule("q", (), "quota", limit=1))], ["rlgw:{x}:q:~"], [1])
 
     asyncio.run(run())
