@@ -22,8 +22,9 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from gateway.config import Config
+from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
+from gateway.errors import ConfigError
 from gateway.settings import Settings, needs_embedded_redis
 
 log = logging.getLogger("gateway")
@@ -59,6 +60,9 @@ class Supervisor:
 
     def run(self) -> int:
         settings = self.settings
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         os.environ["GATEWAY_SUPERVISED"] = "1"
         try:
@@ -75,9 +79,6 @@ class Supervisor:
             self.settings = settings
             log.info("no Redis URL configured: started an embedded redis-server at %s "
                      "(for trying out and single boxes; set redis.url for production)", self.redis.url)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_hup)
         context = multiprocessing.get_context("spawn")
         sockets = [proxy, admin]
         log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",
@@ -96,6 +97,7 @@ class Supervisor:
                     self.reload_requested = True
                 if self.reload_requested:
                     self.reload_requested = False
+                    self._remember_good_config()
                     self._signal_workers(signal.SIGHUP)
                 self._replace_dead(context, sockets)
         finally:
@@ -105,9 +107,22 @@ class Supervisor:
         return 0
 
     def _spawn(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> BaseProcess:
-        process = context.Process(target=worker_main, args=(self.settings, sockets), daemon=False)
-        process.start()
+        # A new worker starts from the last config that loaded, whatever the file holds now, and
+        # with SIGHUP blocked (the mask survives exec): a reload asked for while it starts waits
+        # until its handler is in place instead of killing it.
+        process = context.Process(target=worker_main, args=(self.settings, sockets, self.config), daemon=False)
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return process
+
+    def _remember_good_config(self) -> None:
+        """Workers validate and report a reload themselves; the supervisor keeps the last good
+        config so that a worker started later (a crashed one replaced) does not fail on a bad file."""
+        with contextlib.suppress(ConfigError):
+            self.config = load_config(self.settings.config_path)
 
     def _replace_dead(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> None:
         from gateway.metrics import mark_worker_dead
@@ -162,7 +177,7 @@ def configure_logging(level: str) -> None:
     access.setLevel(logging.INFO)
 
 
-def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
+def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
     import asyncio
 
     import uvicorn
@@ -174,14 +189,15 @@ def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
     configure_logging(settings.log_level)
     http_protocol.HEADER_TIMEOUT = settings.header_timeout
     proxy.BODY_CHUNK_TIMEOUT = settings.body_timeout
-    gateway = Gateway(settings)
+    gateway = Gateway(settings, config)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # blocked since the spawn
             await super().startup(sockets=sockets)
 
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         app=gateway,
         loop="uvloop",
         http=BoundedHttpToolsProtocol,
@@ -196,7 +212,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket]) -> None:
         timeout_graceful_shutdown=int(settings.drain_timeout),
         timeout_keep_alive=15,
     )
-    server = Server(config)
+    server = Server(server_config)
     server.run(sockets=sockets)
     if not server.started:
         sys.exit(3)

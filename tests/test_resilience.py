@@ -156,6 +156,43 @@ def test_reload_keeps_the_old_config_on_a_bad_file_and_takes_a_good_one(gateway:
     wait_until(lambda: metric(gateway, "gateway_config_reloads_total", result="ok") >= 2, timeout=5)
 
 
+def test_a_reload_asked_while_workers_start_waits_for_them(
+    tmp_path: Path, redis: RedisProcess, upstream: Upstream
+) -> None:
+    gateway = GatewayProcess(CONFIG.format(token=TOKEN, upstream=upstream.url), tmp_path,
+                             redis_url=redis.url, workers=2)
+    gateway.start(ready=False)
+    try:
+        hit: set[int] = set()
+
+        def every_worker_signalled() -> bool:
+            for pid in gateway.worker_pids():
+                if pid not in hit:
+                    os.kill(pid, signal.SIGHUP)  # as early as the worker process exists
+                    hit.add(pid)
+            return len(hit) >= 2
+
+        wait_until(every_worker_signalled, timeout=30, interval=0.001)
+        wait_until(gateway.ready, timeout=30)
+        wait_until(lambda: metric(gateway, "gateway_config_reloads_total", result="ok") >= 2, timeout=10)
+        assert sorted(gateway.worker_pids()) == sorted(hit)
+        assert "exited with" not in gateway.log()
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_worker_replaced_while_the_file_is_bad_starts_on_the_last_good_config(gateway: GatewayProcess) -> None:
+    gateway.config_path.write_text("version: 1\nroutes: [oops\n")
+    victim, survivor = gateway.worker_pids()
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: len(set(gateway.worker_pids()) - {victim, survivor}) == 1, timeout=10)
+    [replacement] = set(gateway.worker_pids()) - {victim, survivor}
+    os.kill(survivor, signal.SIGKILL)  # now only the replacement can answer
+    wait_until(lambda: httpx.get(gateway.url + "/echo/open").status_code == 200, timeout=15)
+    assert replacement in gateway.worker_pids()
+    assert "startup failed" not in gateway.log()
+
+
 def test_in_flight_requests_finish_on_their_config_and_through_sigterm(gateway: GatewayProcess) -> None:
     async def scenario() -> list[int]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
