@@ -5,6 +5,7 @@ Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -14,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from gateway import metrics
-from gateway.errors import RedisUnavailable
+from gateway.config import load_config
+from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token
 from gateway.limiter import Outcome
 from gateway.redis_client import RedisReplyError
@@ -22,6 +24,8 @@ from gateway.responses import Headers, problem
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+
+RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -70,7 +74,7 @@ class Admin:
                 return problem(405, "use POST /reload")
             if not self.authorized(scope):
                 return problem(401, "admin token required")
-            return self.reload()
+            return await self.reload()
         if path.startswith("/limits/"):
             parts = path.split("/")
             if len(parts) != 4:
@@ -94,14 +98,30 @@ class Admin:
             return problem(503, f"Redis answered PING with an error: {reply}")
         return _json(200, {"status": "ready", "routes": len(runtime.config.routes)})
 
-    def reload(self) -> Response:
-        ok, message = self.gateway.reload()
+    async def reload(self) -> Response:
+        if os.environ.get("GATEWAY_SUPERVISED") == "1":
+            try:
+                ok, message = await self._reload_every_worker()
+            except TimeoutError:
+                return problem(503, f"the supervisor did not pass the reload on within {RELOAD_WAIT:.0f}s")
+        else:
+            ok, message = self.gateway.reload()
         if not ok:
             return problem(422, "the new configuration is invalid; the old one stays in force",
                            errors=message.splitlines())
-        if os.environ.get("GATEWAY_SUPERVISED") == "1":
-            os.kill(os.getppid(), signal.SIGHUP)  # the supervisor tells the other workers
         return _json(200, {"reloaded": True, "detail": message})
+
+    async def _reload_every_worker(self) -> tuple[bool, str]:
+        """Validate here, then let the supervisor signal every worker (this one included, so each
+        reloads once) and answer with this worker's own outcome."""
+        try:
+            load_config(self.gateway.settings.config_path)
+        except ConfigError as exc:
+            metrics.RELOADS.labels("error").inc()
+            return False, str(exc)
+        outcome = self.gateway.next_reload()
+        os.kill(os.getppid(), signal.SIGHUP)
+        return await asyncio.wait_for(outcome, RELOAD_WAIT)
 
     async def limits(self, method: str, route_name: str, rule_name: str, query: bytes) -> Response:
         runtime = self.gateway.runtime

@@ -62,6 +62,7 @@ class Gateway:
         self.admin = Admin(self)
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
+        self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -100,6 +101,20 @@ class Gateway:
 
     def reload(self) -> tuple[bool, str]:
         """Validate the file and swap it in; on any error the old config stays in force."""
+        result = self._reload()
+        waiters, self._reload_waiters = self._reload_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(result)
+        return result
+
+    def next_reload(self) -> asyncio.Future[tuple[bool, str]]:
+        """The outcome of this worker's next reload (one the supervisor passes on, say)."""
+        waiter: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
+        self._reload_waiters.append(waiter)
+        return waiter
+
+    def _reload(self) -> tuple[bool, str]:
         try:
             config = load_config(self.settings.config_path)
         except ConfigError as exc:

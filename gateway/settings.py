@@ -42,6 +42,7 @@ ENV_KEYS = {
     "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
     "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
+    "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
 }
 
 

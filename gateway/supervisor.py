@@ -11,6 +11,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import select
 import shutil
 import signal
 import socket
@@ -87,9 +88,16 @@ class Supervisor:
         for _ in range(settings.workers):
             self.workers.append(self._spawn(context, sockets))
         stamp = _file_stamp(settings.config_path)
+        # a signal writes a byte here, so the loop acts on it at once instead of after its nap
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
         try:
             while not self.stopping:
-                time.sleep(settings.watch_interval if settings.watch_interval > 0 else 1.0)
+                select.select([wake_r], [], [], settings.watch_interval if settings.watch_interval > 0 else 1.0)
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
                 current = _file_stamp(settings.config_path)
                 if settings.watch_interval > 0 and current != stamp and current is not None:
                     stamp = current
@@ -101,6 +109,9 @@ class Supervisor:
                     self._signal_workers(signal.SIGHUP)
                 self._replace_dead(context, sockets)
         finally:
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
             self._shutdown()
             proxy.close()
             admin.close()

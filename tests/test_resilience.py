@@ -156,6 +156,28 @@ def test_reload_keeps_the_old_config_on_a_bad_file_and_takes_a_good_one(gateway:
     wait_until(lambda: metric(gateway, "gateway_config_reloads_total", result="ok") >= 2, timeout=5)
 
 
+def test_post_reload_takes_a_good_file_in_every_worker_once(
+    tmp_path: Path, redis: RedisProcess, upstream: Upstream
+) -> None:
+    gateway = GatewayProcess(CONFIG.format(token=TOKEN, upstream=upstream.url), tmp_path, redis_url=redis.url,
+                             workers=2, env={"GATEWAY_WATCH_INTERVAL": "0"})
+    gateway.start()
+    try:
+        gateway.config_path.write_text(gateway.config_path.read_text().replace(
+            "match: {path: /echo/open}", "match: {path: /echo/opened}"))
+        assert httpx.get(gateway.url + "/echo/opened").status_code == 404  # the file alone changes nothing
+        answer = httpx.post(gateway.admin_url + "/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 200 and answer.json()["reloaded"] is True
+        wait_until(lambda: metric(gateway, "gateway_config_reloads_total", result="ok") >= 2, timeout=5)
+        # each on a new connection, whichever worker takes it
+        assert {httpx.get(gateway.url + "/echo/opened").status_code for _ in range(20)} == {200}
+        time.sleep(1.5)
+        assert metric(gateway, "gateway_config_reloads_total", result="ok") == 2  # once per worker
+        assert metric(gateway, "gateway_config_reloads_total", result="error") == 0
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_a_reload_asked_while_workers_start_waits_for_them(
     tmp_path: Path, redis: RedisProcess, upstream: Upstream
 ) -> None:
