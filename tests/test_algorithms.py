@@ -210,6 +210,7 @@ def test_retry_after_is_honest_to_the_millisecond(engine: Engine, rule: Rule) ->
     engine.at(t + retry * 1000)
     assert engine.decide([rule], [key], [1], peek=True).rules[0].outcome is Outcome.ADMITS
     assert engine.decide([rule], [key], [1]).admitted
+    assert engine.client.pttl(key) > 0  # every key carries a TTL
 
 
 def test_a_token_bucket_admits_its_whole_burst_at_once_whatever_the_rate(engine: Engine) -> None:

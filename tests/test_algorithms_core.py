@@ -190,30 +190,6 @@ def test_quota_with_a_period_refills_each_aligned_period(engine: Engine) -> None
     assert engine.decide([rule], [k], [1]).admitted
 
 
-@pytest.mark.parametrize("rule", [
-    Rule("r", (), "fixed_window", limit=3, window=2.0),
-    Rule("r", (), "sliding_window", limit=3, window=2.0),
-    Rule("r", (), "sliding_log", limit=3, window=2.0),
-    Rule("r", (), "token_bucket", rate=3.0, burst=3),
-    Rule("r", (), "gcra", rate=0.7, burst=3),
-    Rule("r", (), "leaky_bucket", rate=3.0, burst=2),
-    Rule("r", (), "quota", limit=3, window=7.0),
-], ids=lambda r: r.algorithm)
-def test_retry_after_is_honest(engine: Engine, rule: Rule) -> None:
-    k, now = key(), T0 + 0.25
-    engine.at(now)
-    decision = engine.decide([rule], [k], [1])
-    while decision.admitted:
-        now += 0.013
-        engine.at(now)
-        decision = engine.decide([rule], [k], [1])
-    assert decision.retry_after_ms is not None
-    engine.at(now + decision.retry_after_ms / 1000)
-    assert engine.decide([rule], [k], [1], peek=True).rules[0].outcome is Outcome.ADMITS
-    assert engine.decide([rule], [k], [1]).admitted
-    assert engine.proc.client().pttl(k) > 0  # every key carries a TTL
-
-
 def test_all_or_nothing_and_shadow(engine: Engine) -> None:
     roomy = Rule("roomy", (), "token_bucket", rate=1.0, burst=10)
     tight = Rule("tight", (), "quota", limit=1)
