@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -156,9 +156,16 @@ def is_gc_collection(symbol: str) -> bool:
             or symbol.startswith("invoke_gc_callback"))
 
 
+def most_common(shares: dict[str, float]) -> list[tuple[str, float]]:
+    """`Counter.most_common()` for float values: descending, ties kept in insertion order."""
+    return sorted(shares.items(), key=lambda item: item[1], reverse=True)
+
+
 def perf_breakdown(self_report: str, children_report: str) -> dict[str, Any]:
     """Native split of a worker's CPU from `perf record -g`: by DSO, GC collection, system calls."""
-    areas: Counter[str] = Counter()
+    # Percentages are floats, and typeshed's Counter holds ints: a float defaultdict, ordered below
+    # exactly as Counter.most_common() would (descending, ties in insertion order).
+    areas: defaultdict[str, float] = defaultdict(float)
     for pct_self, _, dso, kind, symbol in perf_lines(self_report):
         if kind == "k":
             areas["kernel (system calls, loopback TCP, scheduler)"] += pct_self
@@ -172,13 +179,13 @@ def perf_breakdown(self_report: str, children_report: str) -> dict[str, Any]:
             areas["libc (malloc, memcpy)"] += pct_self
         else:
             areas["other C extensions (httptools, aiohttp/multidict/yarl, hiredis, _asyncio)"] += pct_self
-    syscalls: Counter[str] = Counter()
+    syscalls: defaultdict[str, float] = defaultdict(float)
     for children, _, _, kind, symbol in perf_lines(children_report):
         if kind == "k" and symbol in SYSCALL_PATHS:
             syscalls[SYSCALL_PATHS[symbol]] += children
     return {
-        "areas": [(a, round(p, 1)) for a, p in areas.most_common()],
-        "syscalls": [(a, round(p, 1)) for a, p in syscalls.most_common()],
+        "areas": [(a, round(p, 1)) for a, p in most_common(areas)],
+        "syscalls": [(a, round(p, 1)) for a, p in most_common(syscalls)],
     }
 
 

@@ -840,10 +840,10 @@ def main(argv: list[str] | None = None) -> int:
                              "once, keeping the quieter of the two (0.3)")
     args = parser.parse_args(argv)
     if args.from_json:
-        report = json.loads(Path(args.from_json).read_text())
-        print_table(report)
+        saved: dict[str, Any] = json.loads(Path(args.from_json).read_text())
+        print_table(saved)
         if not args.no_docs:
-            update_docs(markdown(report))
+            update_docs(markdown(saved))
             print(f"updated the generated block of {DOCS.relative_to(ROOT)}")
         return 0
 

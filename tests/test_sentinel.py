@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,7 +69,9 @@ def _known_replicas(sentinel: Sentinel) -> int:
     replicas = sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")
     healthy = 0
     for entry in replicas:
-        fields = dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list) else entry
+        # a raw reply: a flat [name, value, ...] list per replica, or a map (RESP3 / a response
+        # callback), with bytes or str names, so its values have no static type
+        fields: Any = dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list) else entry
         flags = fields.get(b"flags", fields.get("flags", b""))
         link = fields.get(b"master-link-status", fields.get("master-link-status", b""))
         if b"s_down" not in flags and link in (b"ok", "ok"):
