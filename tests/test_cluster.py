@@ -40,7 +40,8 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
         Rule("item", (Source("path", "item"),), "sliding_window", limit=1000, window=1.0),
         Rule("stock", (Source("path", "item"),), "quota", limit=4),
     ]
-    routes = [f"r{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+    routes = [f"r{i}" for i in range(6)]  # fixed names: their hash tags fall on all three primaries
+    run_id = uuid.uuid4().hex[:6]  # fresh identities, so state left by another test never counts
 
     async def run() -> dict[str, list[bool]]:
         runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
@@ -49,8 +50,9 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
         for route in routes:
             out[route] = []
             for i in range(6):
-                keys = [state_key("rlgw", route, "user", f"u{i}"), state_key("rlgw", route, "item", "42"),
-                        state_key("rlgw", route, "stock", "42")]
+                keys = [state_key("rlgw", route, "user", f"u{i}-{run_id}"),
+                        state_key("rlgw", route, "item", f"42-{run_id}"),
+                        state_key("rlgw", route, "stock", f"42-{run_id}")]
                 decision = await limiter.decide([rule_args(r) for r in rules], keys, [1, 1, 1])
                 out[route].append(decision.admitted)
         runner.close()
@@ -60,10 +62,10 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
     owners = set()
     for route, admitted in results.items():
         assert admitted == [True] * 4 + [False] * 2
-        owner = cluster.owner_of(state_key("rlgw", route, "stock", "42"))
+        owner = cluster.owner_of(state_key("rlgw", route, "stock", f"42-{run_id}"))
         owners.add(owner.port)
-        assert owner.client().get(state_key("rlgw", route, "stock", "42")) == b"4"
-        assert owner.client().exists(state_key("rlgw", route, "user", "u0")) == 1
+        assert owner.client().get(state_key("rlgw", route, "stock", f"42-{run_id}")) == b"4"
+        assert owner.client().exists(state_key("rlgw", route, "user", f"u0-{run_id}")) == 1
     assert len(owners) > 1  # routes spread over the cluster
 
 
