@@ -19,7 +19,7 @@ system-deps:
 
 run: $(STAMP)
 	$(PY) -m gateway.example_backend --port 9000 & \
-	  BACKEND=$$!; trap "kill $$BACKEND" EXIT INT TERM; \
+	  BACKEND=$$!; trap "kill $$BACKEND 2>/dev/null" EXIT INT TERM; \
 	  $(VENV)/bin/gateway serve --config routes.yaml --port 8080 --admin-port 9090
 
 lint: $(STAMP)
