@@ -63,6 +63,7 @@ class Gateway:
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
         self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
+        self._reload_pending = False
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -82,6 +83,9 @@ class Gateway:
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         self.ready = True
+        if self._reload_pending:
+            self._reload_pending = False
+            self.reload()
 
     async def _flush_metrics(self) -> None:
         while True:
@@ -101,7 +105,15 @@ class Gateway:
 
     def reload(self) -> tuple[bool, str]:
         """Validate the file and swap it in; on any error the old config stays in force."""
-        result = self._reload()
+        if self.runtime is None:  # asked before start-up finished: done once it has
+            self._reload_pending = True
+            return True, "deferred until start-up completes"
+        try:
+            result = self._reload()
+        except Exception as exc:  # a reload must never take the worker down
+            log.exception("reload failed, keeping the current config")
+            metrics.RELOADS.labels("error").inc()
+            result = False, f"reload failed: {exc.__class__.__name__}: {exc}"
         waiters, self._reload_waiters = self._reload_waiters, []
         for waiter in waiters:
             if not waiter.done():

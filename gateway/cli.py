@@ -71,7 +71,7 @@ def check(path: str) -> int:
 
 
 def serve(settings: Settings) -> int:
-    from gateway.supervisor import Supervisor, configure_logging
+    from gateway.supervisor import Supervisor, configure_logging, file_stamp
 
     configure_logging(settings.log_level)
     if settings.workers < 1:
@@ -80,13 +80,14 @@ def serve(settings: Settings) -> int:
     if settings.port == settings.admin_port:
         print("gateway: the admin port must differ from the proxy port", file=sys.stderr)
         return 2
+    stamp = file_stamp(settings.config_path)  # before reading: a save during start-up is seen later
     try:
         config = load_config(settings.config_path)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 2
-    return Supervisor(settings, config).run()
+    return Supervisor(settings, config, stamp).run()
 
 
 if __name__ == "__main__":

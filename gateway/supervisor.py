@@ -41,7 +41,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _file_stamp(path: str) -> tuple[int, int, int] | None:
+def file_stamp(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -50,9 +50,10 @@ def _file_stamp(path: str) -> tuple[int, int, int] | None:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, config: Config) -> None:
+    def __init__(self, settings: Settings, config: Config, stamp: tuple[int, int, int] | None = None) -> None:
         self.settings = settings
         self.config = config
+        self.stamp = stamp or file_stamp(settings.config_path)  # the file as `config` was read from it
         self.workers: list[BaseProcess] = []
         self.stopping = False
         self.reload_requested = False
@@ -87,7 +88,7 @@ class Supervisor:
                  settings.admin_port, settings.workers, settings.config_path)
         for _ in range(settings.workers):
             self.workers.append(self._spawn(context, sockets))
-        stamp = _file_stamp(settings.config_path)
+        stamp = self.stamp
         # a signal writes a byte here, so the loop acts on it at once instead of after its nap
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
@@ -98,7 +99,7 @@ class Supervisor:
                 select.select([wake_r], [], [], settings.watch_interval if settings.watch_interval > 0 else 1.0)
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
-                current = _file_stamp(settings.config_path)
+                current = file_stamp(settings.config_path)
                 if settings.watch_interval > 0 and current != stamp and current is not None:
                     stamp = current
                     log.info("%s changed on disk: reloading", settings.config_path)

@@ -210,7 +210,14 @@ def test_a_worker_replaced_while_the_file_is_bad_starts_on_the_last_good_config(
     wait_until(lambda: len(set(gateway.worker_pids()) - {victim, survivor}) == 1, timeout=10)
     [replacement] = set(gateway.worker_pids()) - {victim, survivor}
     os.kill(survivor, signal.SIGKILL)  # now only the replacement can answer
-    wait_until(lambda: httpx.get(gateway.url + "/echo/open").status_code == 200, timeout=15)
+
+    def answered() -> bool:
+        try:
+            return httpx.get(gateway.url + "/echo/open", timeout=2).status_code == 200
+        except httpx.HTTPError:  # still starting: the connection waits in the shared backlog
+            return False
+
+    wait_until(answered, timeout=20)
     assert replacement in gateway.worker_pids()
     assert "startup failed" not in gateway.log()
 
