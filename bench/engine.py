@@ -42,6 +42,14 @@ ROUTE = [
 ]
 
 
+def route_keys(i: int, users: int) -> list[str]:
+    """The keys of decision number i: its user's bucket, its item's window and stock."""
+    user = identity_token([f"user-{i % users}".encode()])
+    item = identity_token([f"item-{i % 50}".encode()])
+    return [state_key("rlgw", "shop", "user", user), state_key("rlgw", "shop", "item", item),
+            state_key("rlgw", "shop", "stock", item)]
+
+
 async def decisions(url: str, count: int, users: int) -> None:
     limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
     args = [rule_args(r) for r in ROUTE]
@@ -49,12 +57,7 @@ async def decisions(url: str, count: int, users: int) -> None:
     for start in range(0, count, batch):
         calls = []
         for i in range(start, min(start + batch, count)):
-            user = f"user-{i % users}".encode()
-            item = f"item-{i % 50}".encode()
-            keys = [state_key("rlgw", "shop", "user", identity_token([user])),
-                    state_key("rlgw", "shop", "item", identity_token([item])),
-                    state_key("rlgw", "shop", "stock", identity_token([item]))]
-            calls.append(limiter.decide(args, keys, [1, 1, 1]))
+            calls.append(limiter.decide(args, route_keys(i, users), [1, 1, 1]))
         await asyncio.gather(*calls)
     limiter.runner.close()
 
@@ -76,9 +79,7 @@ def floor_us(client: Any, count: int, users: int) -> float:
     client.config_resetstat()
     pipe = client.pipeline(transaction=False)
     for i in range(count):
-        pipe.evalsha(sha, 3, state_key("rlgw", "shop", "user", identity_token([f"user-{i % users}".encode()])),
-                     state_key("rlgw", "shop", "item", identity_token([f"item-{i % 50}".encode()])),
-                     state_key("rlgw", "shop", "stock", identity_token([f"item-{i % 50}".encode()])))
+        pipe.evalsha(sha, 3, *route_keys(i, users))
         if i % 200 == 199:
             pipe.execute()
     pipe.execute()

@@ -15,32 +15,18 @@ from hypothesis import strategies as st
 from gateway.config import RedisSettings, Rule
 from gateway.limiter import Decision, Limiter, Outcome, rule_args
 from gateway.redis_backends import StandaloneRunner
+from tests.support.limiter_engine import Engine as MicrosecondEngine
 from tests.support.redis_proc import RedisClock, RedisProcess
 
 T0 = 1_800_000_000.0  # a fixed epoch second, aligned to every window used here
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-class Engine:
-    """One limiter on its own event loop, driven synchronously by the tests."""
-
-    def __init__(self, proc: RedisProcess, clock: RedisClock) -> None:
-        self.clock = clock
-        self.proc = proc
-        self.loop = asyncio.new_event_loop()
-        self.limiter = Limiter(StandaloneRunner(RedisSettings(url=proc.url, timeout=2.0)))
-
-    def decide(self, rules: list[Rule], keys: list[str], costs: list[int], peek: bool = False) -> Decision:
-        coro = self.limiter.decide([rule_args(r) for r in rules], keys, costs, peek=peek)
-        return self.loop.run_until_complete(coro)
+class Engine(MicrosecondEngine):
+    """The model suite's engine, its Redis clock set in seconds."""
 
     def at(self, when: float) -> None:
-        self.clock.set(when)
-
-    def close(self) -> None:
-        self.limiter.runner.close()
-        self.loop.run_until_complete(asyncio.sleep(0.01))  # let the aborted transport finish closing
-        self.loop.close()
+        super().at(round(when * 1_000_000))
 
 
 @pytest.fixture
