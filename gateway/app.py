@@ -292,30 +292,32 @@ class Gateway:
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         incoming = view.headers
         drop = hop_by_hop(raw_headers) | STRIPPED_REQUEST if b"connection" in incoming else REQUEST_DROP
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers if k not in drop]
-        peer = (scope.get("client") or ("0.0.0.0",))[0]
+        headers = [(k, v) for k, v in raw_headers if k not in drop]
+        peer = (scope.get("client") or ("0.0.0.0",))[0].encode()
         xff = incoming.get(b"x-forwarded-for")
-        headers.append(("X-Forwarded-For", f"{xff.decode('latin-1')}, {peer}" if xff else peer))
-        headers.append(("X-Forwarded-Proto", scope.get("scheme", "http")))
+        headers.append((b"x-forwarded-for", xff + b", " + peer if xff else peer))
+        headers.append((b"x-forwarded-proto", b"https" if scope.get("scheme") == "https" else b"http"))
         original_host = incoming.get(b"host")
         if original_host:
-            headers.append(("X-Forwarded-Host", original_host.decode("latin-1")))
-        headers.append(("X-Request-Id", request_id))
+            headers.append((b"x-forwarded-host", original_host))
+        request_id_bytes = request_id.encode()
+        headers.append((b"x-request-id", request_id_bytes))
         length = incoming.get(b"content-length")
         if length is not None:
-            headers.append(("Content-Length", length.decode("latin-1")))
+            headers.append((b"content-length", length))
         body = None
         if more_body or view.body_prefix:
             body = RequestBody(view.body_prefix or b"", more_body, receive)
         target = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string")
-        target_text = target.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        response_headers = [*extra, (b"x-request-id", request_id.encode())]
+        if query:
+            target = target + b"?" + query
+        response_headers = [*extra, (b"x-request-id", request_id_bytes)]
         pool = plan.pool
         started = time.perf_counter()
         try:
             status = await pool.forward(
-                scope["method"], target_text, headers, body, send, response_headers
+                scope["method"].encode(), target, headers, body, send, response_headers
             )
         except UpstreamTimeout as exc:
             metrics.upstream_errors(pool.upstream.name, "timeout").inc()

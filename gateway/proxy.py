@@ -1,8 +1,8 @@
 """Streams one admitted request to its upstream and the answer back, in constant memory.
 
-aiohttp's client is the forwarding path (httpx collapses under concurrency: encode/httpx#3215).
-Its exceptions are converted to `UpstreamUnavailable` (502) and `UpstreamTimeout` (504) here and
-nowhere else.
+The HTTP/1.1 client underneath is `upstream_http` (httptools' parser on asyncio protocols). Its
+failures become `UpstreamUnavailable` (502) and `UpstreamTimeout` (504) before the response has
+started; after that the client connection is ended, never made to look complete.
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
-from multidict import CIMultiDict
-from yarl import URL
-
 from gateway.config import Upstream
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.errors import UpstreamUnavailable
+from gateway.upstream_http import IDEMPOTENT, Connection, ConnectionPool, ResponseAborted, request_head
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -25,21 +22,8 @@ HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
 })
-SKIP_AUTO = frozenset({"User-Agent", "Accept-Encoding", "Accept", "Content-Type"})
-
 
 BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
-
-
-class _ForwardRequest(aiohttp.ClientRequest):
-    """Adds none of aiohttp's automatic headers (Accept, Accept-Encoding, User-Agent, Content-Type):
-    the client's own headers pass as they were. (Overriding this beats `skip_auto_headers`, which
-    rebuilds a sorted multidict on every request.)"""
-
-    _skip = CIMultiDict((name, None) for name in SKIP_AUTO)
-
-    def update_auto_headers(self, skip_auto_headers: Any) -> None:
-        self._skip_auto_headers = self._skip
 
 
 class ClientDisconnected(Exception):
@@ -62,92 +46,100 @@ def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
 
 
 class UpstreamPool:
-    """One keep-alive connection pool per upstream."""
+    """One keep-alive connection pool per upstream (opened on first use, inside the event loop)."""
 
     def __init__(self, upstream: Upstream) -> None:
         self.upstream = upstream
-        self.base = upstream.url
-        self.session: aiohttp.ClientSession | None = None
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, connect=upstream.connect_timeout, sock_read=upstream.timeout
-        )
-
-    def open(self) -> aiohttp.ClientSession:
-        if self.session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self.upstream.max_connections,
-                limit_per_host=0,
-                ttl_dns_cache=10,
-                enable_cleanup_closed=False,
-            )
-            self.session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                timeout=self.timeout,
-                request_class=_ForwardRequest,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self.session
+        self.pool: ConnectionPool | None = None
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     async def forward(
         self,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
         body: RequestBody | None,
         send: Send,
         extra_response_headers: list[tuple[bytes, bytes]],
     ) -> int:
-        """Forward and stream the response to `send`. Returns the upstream status.
+        """Forward and stream the response to `send`. Returns the upstream status, negated when
+        the response broke off after it had started.
 
-        Raises UpstreamUnavailable/UpstreamTimeout only before the response has started; after
-        that a failure ends the client connection (an incomplete response is never made to look
-        complete).
+        Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
+        ClientDisconnected (ClientTooSlow) when the client's body stopped first.
         """
-        session = self.open()
-        url = URL(self.base + target, encoded=True)
+        pool = self.pool
+        if pool is None:
+            pool = self.pool = ConnectionPool(self.upstream)
+        chunked = body is not None and not any(name == b"content-length" for name, _ in headers)
+        head = request_head(pool, method, target, headers, chunked)
+        head_only = method == b"HEAD"
+        while True:
+            conn = pool.take_idle() or await pool.connect()
+            conn.begin(head, head_only, self.upstream.timeout)
+            sender = None
+            if body is not None:
+                sender = asyncio.ensure_future(_send_body(conn, body, chunked))
+            try:
+                await conn.head  # type: ignore[misc]
+            except BaseException as exc:
+                if sender is not None and not sender.done():
+                    sender.cancel()
+                conn.close()
+                pool.release(conn)
+                if body is not None and body.failure is not None:
+                    raise body.failure from None
+                if (isinstance(exc, UpstreamUnavailable) and conn.served > 0 and not conn.got_bytes
+                        and body is None and method in IDEMPOTENT):
+                    continue  # the upstream closed a kept-alive connection as we reused it: once more
+                raise
+            break
         try:
-            response = await session.request(
-                method, url, headers=headers, data=body.__aiter__() if body else None, allow_redirects=False,
-                compress=None, chunked=None, raise_for_status=False, auto_decompress=False,
-            )
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            if body is not None and body.failure is not None:
-                raise body.failure from exc
-            raise UpstreamTimeout(f"upstream '{self.upstream.name}' did not answer in time") from exc
-        except ClientDisconnected:
-            raise
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            if body is not None and body.failure is not None:
-                raise body.failure from exc
-            raise UpstreamUnavailable(f"upstream '{self.upstream.name}' unreachable: {exc.__class__.__name__}") from exc
-        try:
-            lowered = [(k.lower(), v) for k, v in response.raw_headers]
-            drop = hop_by_hop(lowered)
-            out = [(k, v) for k, v in lowered if k not in drop]
+            drop = HOP_BY_HOP
+            for name, _ in conn.headers:
+                if name.lower() == b"connection":
+                    drop = hop_by_hop([(k.lower(), v) for k, v in conn.headers])
+                    break
+            out = [(k.lower(), v) for k, v in conn.headers if k.lower() not in drop]
             out.extend(extra_response_headers)
-            await send({"type": "http.response.start", "status": response.status, "headers": out})
-            if method == "HEAD":
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                return response.status
-            content = response.content
+            status = conn.status
+            await send({"type": "http.response.start", "status": status, "headers": out})
             try:
                 while True:
-                    chunk = await content.readany()
-                    done = not chunk or content.is_eof()
-                    await send({"type": "http.response.body", "body": chunk, "more_body": not done})
-                    if done:
+                    chunk = await conn.read()
+                    if not chunk:
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
                         break
-            except (aiohttp.ClientError, OSError, TimeoutError, asyncio.IncompleteReadError):
-                return -response.status  # the client connection is closed by the server
-            return response.status
+                    if conn.complete and not conn.chunks:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                        break
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except ResponseAborted:
+                return -status  # the server closes the client connection: the body is incomplete
+            return status
         finally:
-            response.release()
+            if sender is not None and not sender.done():
+                sender.cancel()  # answered before the whole body was sent: the connection goes
+                conn.close()
+            pool.release(conn)
+
+
+async def _send_body(conn: Connection, body: RequestBody, chunked: bool) -> None:
+    try:
+        async for chunk in body:
+            conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if conn.write_paused:
+                await conn.drain()
+        if chunked:
+            conn.write(b"0\r\n\r\n")
+    except ClientDisconnected as exc:
+        conn.fail(exc)
+    except OSError as exc:
+        conn.fail(UpstreamUnavailable(f"upstream '{conn.pool.name}' stopped taking the request body: {exc}"))
 
 
 class RequestBody:
