@@ -47,30 +47,44 @@ def most_restrictive(rules: Sequence[Rule], decision: Decision) -> int | None:
     return best
 
 
+_POLICIES: dict[int, tuple[Rule, tuple[bytes, bytes, bytes]]] = {}
+
+
+def _policy(rule: Rule) -> tuple[bytes, bytes, bytes]:
+    """What a rule's headers say whatever the state: the draft policy, its name, its quota.
+    Cached by identity (the entry holds the rule, so its id cannot be reused while cached)."""
+    entry = _POLICIES.get(id(rule))
+    if entry is not None and entry[0] is rule:
+        return entry[1]
+    policy = f'"{rule.name}";q={rule.quota_size}'
+    if rule.policy_window > 0:
+        policy += f";w={math.ceil(rule.policy_window)}"
+    parts = policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode()
+    if len(_POLICIES) >= 4096:  # rules of configs reloaded away
+        _POLICIES.clear()
+    _POLICIES[id(rule)] = (rule, parts)
+    return parts
+
+
 def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> Headers:
     if mode == "none":
         return []
     index = most_restrictive(rules, decision)
     if index is None:
         return []
-    rule, state = rules[index], decision.rules[index]
-    quota = rule.quota_size
-    remaining = max(0, state.remaining)
+    state = decision.rules[index]
+    policy, name, quota = _policy(rules[index])
+    remaining = b"%d" % max(0, state.remaining)
+    reset = b"%d" % _seconds(state.reset_ms) if state.reset_ms >= 0 else None
     headers: Headers = []
-    if mode in ("draft", "both"):
-        policy = f'"{rule.name}";q={quota}'
-        if rule.policy_window > 0:
-            policy += f";w={math.ceil(rule.policy_window)}"
-        current = f'"{rule.name}";r={remaining}'
-        if state.reset_ms >= 0:
-            current += f";t={_seconds(state.reset_ms)}"
-        headers.append((b"ratelimit-policy", policy.encode()))
-        headers.append((b"ratelimit", current.encode()))
-    if mode in ("legacy", "both"):
-        headers.append((b"x-ratelimit-limit", str(quota).encode()))
-        headers.append((b"x-ratelimit-remaining", str(remaining).encode()))
-        if state.reset_ms >= 0:
-            headers.append((b"x-ratelimit-reset", str(_seconds(state.reset_ms)).encode()))
+    if mode != "legacy":  # draft or both
+        headers.append((b"ratelimit-policy", policy))
+        headers.append((b"ratelimit", name + remaining + b";t=" + reset if reset is not None else name + remaining))
+    if mode != "draft":  # legacy or both
+        headers.append((b"x-ratelimit-limit", quota))
+        headers.append((b"x-ratelimit-remaining", remaining))
+        if reset is not None:
+            headers.append((b"x-ratelimit-reset", reset))
     return headers
 
 

@@ -50,6 +50,8 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timeout = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -67,7 +69,6 @@ class Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.read_paused = False
         self.last_activity = 0.0
-        self.timer: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -157,7 +158,9 @@ class Connection(asyncio.Protocol):
         self.head_only = head_only
         self.head = self.loop.create_future()
         self.last_activity = self.loop.time()
-        self.timer = self.loop.call_later(timeout, self._check_timeout, timeout)
+        self.timeout = timeout
+        if self.timer is None:  # armed once and kept while requests follow each other
+            self.timer = self.loop.call_later(timeout, self._check_timeout)
         assert self.transport is not None
         self.transport.write(head)
 
@@ -196,9 +199,6 @@ class Connection(asyncio.Protocol):
 
     def finish(self) -> bool:
         """Ends the request; True if the connection can carry another one."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         reusable = self.complete and self.error is None and not self.closed and self.keep_alive
         if reusable and self.head_only:
             self.parser = httptools.HttpResponseParser(self)  # it still expects the announced body
@@ -220,22 +220,24 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
     def _completed(self) -> None:
         self.complete = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         self._wake_body()
 
-    def _check_timeout(self, timeout: float) -> None:
-        quiet = self.loop.time() - self.last_activity
-        if quiet < timeout:
-            self.timer = self.loop.call_later(timeout - quiet, self._check_timeout, timeout)
-            return
+    def _check_timeout(self) -> None:
         self.timer = None
+        if self.head is None or self.complete or self.closed:
+            return  # idle, or done: the next request arms it again
+        quiet = self.loop.time() - self.last_activity
+        if quiet < self.timeout:
+            self.timer = self.loop.call_later(self.timeout - quiet, self._check_timeout)
+            return
         self.fail(UpstreamTimeout(f"upstream '{self.pool.name}' did not answer in time"))
 
     def _wake_body(self) -> None:

@@ -1,0 +1,287 @@
+"""The upstream HTTP/1.1 client (gateway.upstream_http through proxy.UpstreamPool) against real
+servers, including ones that misbehave on purpose: closed keep-alive connections, bodies delimited
+by the end of the connection, 1xx answers, HEAD, stalls, truncation and a bounded pool."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import uvloop
+
+from gateway.config import Upstream
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.proxy import RequestBody, UpstreamPool
+from tests.support.upstream import Upstream as AiohttpUpstream
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+class RawServer:
+    """A TCP server whose handler writes whatever bytes a test needs; counts its connections."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.open_now = 0
+        self.most_open = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> RawServer:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        try:
+            await self.handler(reader, writer, self.connections)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self.open_now -= 1
+            writer.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """The request head (bodies are not sent to these servers)."""
+    return await reader.readuntil(b"\r\n\r\n")
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.finished = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = message["headers"]
+        else:
+            self.body += message.get("body", b"")
+            self.finished = not message.get("more_body", False)
+
+
+async def forward(pool: UpstreamPool, method: bytes = b"GET", target: bytes = b"/",
+                  headers: list[tuple[bytes, bytes]] | None = None,
+                  body: RequestBody | None = None) -> tuple[int, Collected]:
+    out = Collected()
+    status = await pool.forward(method, target, headers or [], body, out, [(b"x-extra", b"1")])
+    return status, out
+
+
+def pool_for(url: str, **kw: Any) -> UpstreamPool:
+    return UpstreamPool(Upstream("u", url, **kw))
+
+
+def run(coro: Any) -> Any:
+    return uvloop.run(coro)
+
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-up: yes\r\n\r\nok"
+
+
+def test_keep_alive_reuses_one_connection_and_passes_status_headers_body() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(OK)
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url)
+            for _ in range(20):
+                status, out = await forward(pool)
+                assert (status, out.body, out.finished) == (200, b"ok", True)
+                assert (b"x-up", b"yes") in out.headers and (b"x-extra", b"1") in out.headers
+            assert server.connections == 1
+            await pool.close()
+
+    run(go())
+
+
+def test_a_kept_alive_connection_closed_by_the_upstream_is_retried_once_for_a_get_only() -> None:
+    # Each connection answers one request, then closes when the next one arrives: the race an
+    # upstream's keep-alive timeout causes.
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await read_request(reader)
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url)
+            for _ in range(3):
+                status, out = await forward(pool)
+                assert (status, out.body) == (200, b"ok")
+            assert server.connections == 3
+            body = RequestBody(b"payload", False, _no_more)
+            with pytest.raises(UpstreamUnavailable):  # a POST is never sent twice
+                await forward(pool, b"POST", b"/", [(b"content-length", b"7")], body)
+            await pool.close()
+
+    run(go())
+
+
+async def _no_more() -> dict[str, Any]:
+    raise AssertionError("the body was complete")
+
+
+def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
+        for piece in (b"a" * 1000, b"b" * 1000, b"c"):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url)
+            status, out = await forward(pool)
+            assert (status, out.body, out.finished) == (200, b"a" * 1000 + b"b" * 1000 + b"c", True)
+            assert all(name != b"connection" for name, _ in out.headers)  # hop-by-hop
+            status, out = await forward(pool)
+            assert status == 200 and server.connections == 2
+            await pool.close()
+
+    run(go())
+
+
+def test_informational_answers_are_skipped_and_head_reuses_the_connection() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            head = await read_request(reader)
+            if head.startswith(b"HEAD"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")  # and no body
+            else:
+                writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n" + OK)
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url)
+            status, out = await forward(pool, b"HEAD")
+            assert (status, out.body, out.finished) == (200, b"", True)
+            assert (b"content-length", b"1000") in out.headers
+            status, out = await forward(pool)
+            assert (status, out.body) == (200, b"ok")
+            assert all(name != b"link" for name, _ in out.headers)
+            assert server.connections == 1
+            await pool.close()
+
+    run(go())
+
+
+def test_stalls_truncation_and_garbage_map_to_timeout_abort_and_unavailable() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        head = await read_request(reader)
+        if b"/silent" in head:
+            await asyncio.sleep(5)
+        elif b"/stall" in head:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+            await asyncio.sleep(5)
+        elif b"/short" in head:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+        else:
+            writer.write(b"SMTP ready\r\n\r\n")
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url, timeout=0.3)
+            with pytest.raises(UpstreamTimeout):
+                await forward(pool, target=b"/silent")
+            status, out = await forward(pool, target=b"/stall")
+            assert status == -200 and not out.finished  # begun, then broken off: never looks complete
+            status, out = await forward(pool, target=b"/short")
+            assert status == -200 and not out.finished
+            with pytest.raises(UpstreamUnavailable):
+                await forward(pool, target=b"/garbage")
+            assert pool.pool is not None and pool.pool.open == 0  # every broken connection let go
+            await pool.close()
+
+    run(go())
+
+
+def test_connections_never_exceed_max_connections_and_everyone_is_served() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(0.02)
+            writer.write(OK)
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(server.url, max_connections=2)
+            results = await asyncio.gather(*(forward(pool) for _ in range(12)))
+            assert [status for status, _ in results] == [200] * 12
+            assert server.most_open == 2
+            await pool.close()
+
+    run(go())
+
+
+def test_an_unreachable_upstream_is_unavailable() -> None:
+    async def go() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(UpstreamUnavailable):
+            await forward(pool_for(f"http://127.0.0.1:{port}"))
+
+    run(go())
+
+
+@pytest.fixture(scope="module")
+def aiohttp_upstream() -> Any:
+    upstream = AiohttpUpstream()
+    upstream.start()
+    yield upstream
+    upstream.stop()
+
+
+def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(aiohttp_upstream: Any) -> None:
+    pieces = [bytes([i]) * (1000 * i + 1) for i in range(1, 30)]
+    messages = [{"type": "http.request", "body": p, "more_body": True} for p in pieces[1:]]
+    messages[-1]["more_body"] = False
+    queue = iter(messages)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return next(queue)
+
+    async def go() -> None:
+        pool = pool_for(aiohttp_upstream.url)
+        status, out = await forward(pool, b"POST", b"/upload", [], RequestBody(pieces[0], True, receive))
+        assert status == 200
+        answer = json.loads(out.body)
+        whole = b"".join(pieces)
+        assert answer == {"length": len(whole), "sha256": hashlib.sha256(whole).hexdigest()}
+        await pool.close()
+        prefixed = pool_for(aiohttp_upstream.url + "/echo/")  # a base path is kept in front
+        status, out = await forward(prefixed, b"GET", b"/a%2Fb?x=1", [(b"x-a", b"b")])
+        echoed = json.loads(out.body)
+        assert echoed["raw_path"] == "/echo/a%2Fb?x=1" and echoed["query"] == "x=1"
+        assert ["Host", aiohttp_upstream.url.removeprefix("http://")] in echoed["headers"]
+        assert ["X-A", "b"] in echoed["headers"] or ["x-a", "b"] in echoed["headers"]
+        await prefixed.close()
+
+    run(go())
+
