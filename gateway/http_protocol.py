@@ -79,6 +79,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._url_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._head_started = 0.0
+        self._awaiting_head = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -86,23 +88,33 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
+        self._awaiting_head = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
         super().connection_lost(exc)
 
+    # The timer is armed at most once per HEADER_TIMEOUT, not once per request: when it fires it
+    # checks how long the current head has been arriving and sleeps again for the rest.
     def _arm_header_timer(self) -> None:
+        self._head_started = self.loop.time()
+        self._awaiting_head = True
         if self._header_timer is None:
             self._header_timer = self.loop.call_later(HEADER_TIMEOUT, self._header_timeout)
 
     def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._awaiting_head = False
 
     def _header_timeout(self) -> None:
         self._header_timer = None
-        if self._in_headers and self._header_bytes and not self.transport.is_closing():
+        if not self._awaiting_head or self.transport.is_closing():
+            return
+        waited = self.loop.time() - self._head_started
+        if waited < HEADER_TIMEOUT:
+            self._header_timer = self.loop.call_later(HEADER_TIMEOUT - waited, self._header_timeout)
+        elif self._in_headers and self._header_bytes:
             self._refuse(408, "Request Timeout", f"request headers not received within {HEADER_TIMEOUT:.0f}s")
-        elif self._in_headers and not self.transport.is_closing() and self.cycle is None:
+        elif self._in_headers and self.cycle is None:
             self.transport.close()  # connected and silent: nothing to answer
 
     def _refuse(self, status: int, title: str, detail: str) -> None:
