@@ -23,10 +23,10 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Redis client (ours: RESP, pipelining, hiredis)", (
         "gateway/redis_client.py", "gateway/redis_backends.py", "gateway/scripts.py", "hiredis",
     )),
-    ("aiohttp client (upstream)", (
-        "aiohttp/", "yarl/", "multidict/", "aiohappyeyeballs/", "propcache/", "frozenlist/", "aiosignal/",
+    ("upstream HTTP client (gateway/upstream_http.py, proxy.py)", ("gateway/upstream_http.py", "gateway/proxy.py")),
+    ("client-side HTTP (gateway/http_protocol.py on httptools; uvicorn)", (
+        "uvicorn/", "httptools/", "gateway/http_protocol.py",
     )),
-    ("uvicorn + httptools (client-side HTTP)", ("uvicorn/", "httptools/", "gateway/http_protocol.py")),
     ("gateway app code", ("gateway/",)),
 )
 # Native frames (py-spy --native) that are an area of their own wherever they are on the stack.

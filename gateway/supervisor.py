@@ -196,7 +196,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket], config: Config
 
     from gateway import http_protocol, proxy
     from gateway.app import Gateway
-    from gateway.http_protocol import BoundedHttpToolsProtocol
+    from gateway.http_protocol import HttpProtocol
 
     configure_logging(settings.log_level)
     http_protocol.HEADER_TIMEOUT = settings.header_timeout
@@ -212,7 +212,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket], config: Config
     server_config = uvicorn.Config(
         app=gateway,
         loop="uvloop",
-        http=BoundedHttpToolsProtocol,
+        http=HttpProtocol,
         ws="none",
         lifespan="on",
         log_config=None,

@@ -1,0 +1,176 @@
+"""The client-facing HTTP/1.1 protocol (gateway/http_protocol.py) of a real gateway process, spoken
+to over raw sockets: keep-alive, pipelining, 100-continue, HTTP/1.0 and Connection: close, HEAD,
+chunked request bodies, and silent connections."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.redis_proc import RedisProcess
+from tests.support.upstream import Upstream
+
+CONFIG = """
+version: 1
+redis: {{timeout: 200ms, key_prefix: {prefix}}}
+upstreams:
+  up: {{url: "{upstream}", timeout: 2s}}
+routes:
+  - name: needs-user
+    match: {{path: "/echo/needs-user"}}
+    upstream: up
+    limits:
+      - {{name: user, by: [header:X-User], algorithm: fixed_window, limit: 1000, window: 1m}}
+  - name: rest
+    match: {{path: "/{{rest:path}}"}}
+    upstream: up
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess,
+            upstream: Upstream) -> Iterator[GatewayProcess]:
+    text = CONFIG.format(prefix=f"p{uuid.uuid4().hex[:8]}", upstream=upstream.url)
+    proc = GatewayProcess(text, tmp_path_factory.mktemp("protocol"), redis_url=redis_proc.url,
+                          env={"GATEWAY_HEADER_TIMEOUT": "1"})
+    proc.start()
+    yield proc
+    assert proc.stop() == 0
+    assert "Traceback" not in proc.log(), proc.log()
+
+
+class Conn:
+    """A raw client connection that reads whole responses (Content-Length or chunked)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.settimeout(5)
+        self.buffer = b""
+
+    def __enter__(self) -> Conn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def _take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise ConnectionError("closed mid-response")
+        out, self.buffer = self.buffer[:size], self.buffer[size:]
+        return out
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            if not self._fill():
+                raise ConnectionError("closed mid-response")
+        line, _, self.buffer = self.buffer.partition(b"\r\n")
+        return line
+
+    def response(self, head_only: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
+        status = int(self._line().split(b" ", 2)[1])
+        headers: dict[bytes, bytes] = {}
+        while line := self._line():
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        if head_only or status in (100, 204, 304):
+            return status, headers, b""
+        if headers.get(b"transfer-encoding") == b"chunked":
+            body = b""
+            while size := int(self._line(), 16):
+                body += self._take(size)
+                self._line()
+            self._line()
+            return status, headers, body
+        return status, headers, self._take(int(headers[b"content-length"]))
+
+    def closed_by_peer(self) -> bool:
+        try:
+            return not self.buffer and not self.sock.recv(1)
+        except (ConnectionResetError, TimeoutError):
+            return False
+
+
+def get(path: str, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: a\r\n{extra}\r\n".encode()
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        for i in range(5):
+            conn.send(get(f"/echo/k{i}"))
+            status, _, body = conn.response()
+            assert status == 200 and json.loads(body)["path"] == f"/echo/k{i}"
+
+
+def test_pipelined_requests_are_answered_in_order(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        conn.send(get("/slow?delay=0.2") + get("/echo/second") + get("/echo/third"))
+        answers = [conn.response() for _ in range(3)]
+        assert [status for status, _, _ in answers] == [200, 200, 200]
+        assert json.loads(answers[0][2]) == {"slow": True}
+        assert [json.loads(body)["path"] for _, _, body in answers[1:]] == ["/echo/second", "/echo/third"]
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        conn.send(b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        status, _, _ = conn.response()
+        assert status == 100
+        conn.send(b"hello")
+        status, _, body = conn.response()
+        assert status == 200
+        assert json.loads(body) == {"length": 5, "sha256": hashlib.sha256(b"hello").hexdigest()}
+
+
+def test_chunked_request_body_is_forwarded_exactly(gateway: GatewayProcess) -> None:
+    pieces = [b"a" * 10, b"b" * 70000, b"c"]
+    chunked = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    with Conn(gateway.port) as conn:
+        conn.send(b"POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+        status, _, body = conn.response()
+        whole = b"".join(pieces)
+        assert status == 200
+        assert json.loads(body) == {"length": len(whole), "sha256": hashlib.sha256(whole).hexdigest()}
+
+
+def test_http_10_and_connection_close_end_the_connection_after_the_response(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        conn.send(b"GET /echo/old HTTP/1.0\r\n\r\n")
+        status, headers, _ = conn.response()
+        assert status == 200 and headers.get(b"connection") == b"close"
+        assert conn.closed_by_peer()
+    with Conn(gateway.port) as conn:
+        conn.send(get("/echo/bye", "Connection: close\r\n"))
+        status, _, _ = conn.response()
+        assert status == 200
+        assert conn.closed_by_peer()
+
+
+def test_head_answers_carry_no_body_even_when_the_gateway_answers_itself(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        conn.send(b"HEAD /echo/needs-user HTTP/1.1\r\nHost: a\r\n\r\n")  # no X-User: 400 problem
+        status, headers, _ = conn.response(head_only=True)
+        assert status == 400 and int(headers[b"content-length"]) > 0
+        conn.send(get("/echo/after-head"))  # had a body leaked, this would read garbage
+        status, _, body = conn.response()
+        assert status == 200 and json.loads(body)["path"] == "/echo/after-head"
+
+
+def test_a_silent_connection_is_closed_after_the_header_timeout(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        assert conn.closed_by_peer()  # within the 5 s socket timeout; GATEWAY_HEADER_TIMEOUT is 1 s
