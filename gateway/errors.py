@@ -9,8 +9,8 @@
         ├── UpstreamUnavailable   refused, reset or unreachable -> 502
         └── UpstreamTimeout       too slow -> 504
 
-Third-party errors (aiohttp, OSError, hiredis) are converted to these at one edge each:
-`redis_client.py` for Redis and `proxy.py` for the upstream. Nothing above those edges catches a
+Third-party errors (OSError, httptools, hiredis) are converted to these at one edge each:
+`redis_client.py` for Redis and `upstream_http.py` / `proxy.py` for the upstream. Nothing above those edges catches a
 library's own exception type.
 """
 

@@ -145,8 +145,9 @@ async def _send_body(conn: Connection, body: RequestBody, chunked: bool) -> None
 class RequestBody:
     """The request body: an already-read prefix, then the rest as it arrives from the client.
 
-    aiohttp sends it from its own task and reports a failure of ours as a connection error; the
-    real cause is kept in `failure` so the caller can answer for the client, not the upstream.
+    It is sent from a task of its own (the upstream may answer before it has all of it); a failure
+    on the client's side is kept in `failure` so the caller answers for the client (408/499), not
+    the upstream.
     """
 
     def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:
