@@ -378,14 +378,15 @@ class HttpProtocol(asyncio.Protocol):
     # --- flow control --------------------------------------------------------------------------
 
     def _pause_reading(self) -> None:
-        if not self.read_paused:
+        if not self.read_paused and not self.transport.is_closing():
             self.read_paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self.read_paused:
             self.read_paused = False
-            self.transport.resume_reading()
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
 
     async def drain(self) -> None:
         waiter: asyncio.Future[None] = self.loop.create_future()

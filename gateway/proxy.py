@@ -99,12 +99,9 @@ class UpstreamPool:
                 raise
             break
         try:
-            drop = HOP_BY_HOP
-            for name, _ in conn.headers:
-                if name.lower() == b"connection":
-                    drop = hop_by_hop([(k.lower(), v) for k, v in conn.headers])
-                    break
-            out = [(k.lower(), v) for k, v in conn.headers if k.lower() not in drop]
+            headers = conn.headers  # names lowercase
+            drop = hop_by_hop(headers) if any(name == b"connection" for name, _ in headers) else HOP_BY_HOP
+            out = [(k, v) for k, v in headers if k not in drop]
             out.extend(extra_response_headers)
             status = conn.status
             await send({"type": "http.response.start", "status": status, "headers": out})

@@ -114,7 +114,7 @@ class Connection(asyncio.Protocol):
     # --- httptools callbacks -------------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -124,8 +124,7 @@ class Connection(asyncio.Protocol):
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message ends
         for name, value in self.headers:
-            lowered = name.lower()
-            if lowered == b"content-length" or (lowered == b"transfer-encoding" and b"chunked" in value.lower()):
+            if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
                 self.framed = True
         if status in (204, 304):
             self.framed = True
@@ -141,7 +140,8 @@ class Connection(asyncio.Protocol):
             return
         self.chunks.append(body)
         self.buffered += len(body)
-        if self.buffered > READ_HIGH_WATER and not self.read_paused and self.transport is not None:
+        if (self.buffered > READ_HIGH_WATER and not self.read_paused and self.transport is not None
+                and not self.closed):
             self.read_paused = True
             self.transport.pause_reading()
         self._wake_body()
@@ -194,7 +194,8 @@ class Connection(asyncio.Protocol):
         self.last_activity = self.loop.time()
         if self.read_paused and self.transport is not None:
             self.read_paused = False
-            self.transport.resume_reading()
+            if not self.closed:
+                self.transport.resume_reading()
         return data
 
     def finish(self) -> bool:
