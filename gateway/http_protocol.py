@@ -233,8 +233,14 @@ class HttpProtocol(asyncio.Protocol):
         self.write_paused = False
         self._wake_drain()
 
-    def eof_received(self) -> None:
-        pass  # half-closed: the response in flight may still be sent
+    def eof_received(self) -> bool:
+        """The client half-closed: a request it sent whole is still answered, then the connection
+        ends; one whose body can no longer arrive is a disconnect."""
+        exchange = self.exchange
+        if exchange is not None and not exchange.response_complete and not exchange.more_body:
+            exchange.keep_alive = False
+            return True  # keep the write side open for the answer
+        return False
 
     def data_received(self, data: bytes) -> None:
         # One read may carry the head and the start of a large body: judge the head only if it is

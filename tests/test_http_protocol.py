@@ -174,3 +174,12 @@ def test_head_answers_carry_no_body_even_when_the_gateway_answers_itself(gateway
 def test_a_silent_connection_is_closed_after_the_header_timeout(gateway: GatewayProcess) -> None:
     with Conn(gateway.port) as conn:
         assert conn.closed_by_peer()  # within the 5 s socket timeout; GATEWAY_HEADER_TIMEOUT is 1 s
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(gateway: GatewayProcess) -> None:
+    with Conn(gateway.port) as conn:
+        conn.send(get("/slow?delay=0.2"))
+        conn.sock.shutdown(socket.SHUT_WR)
+        status, _, body = conn.response()
+        assert status == 200 and json.loads(body) == {"slow": True}
+        assert conn.closed_by_peer()
