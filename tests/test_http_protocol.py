@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +185,34 @@ def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(gatew
         status, _, body = conn.response()
         assert status == 200 and json.loads(body) == {"slow": True}
         assert conn.closed_by_peer()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_stops_reading_holds_back_the_upstream_not_the_gateways_memory(
+    gateway: GatewayProcess,
+) -> None:
+    size = 200 * 1024 * 1024
+    pids = gateway.worker_pids()
+    before = {pid: _rss_kb(pid) for pid in pids}
+    with Conn(gateway.port) as conn:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        conn.send(get(f"/bytes?size={size}"))
+        time.sleep(2)  # not reading: only socket buffers and the gateway's high-water marks fill
+        growth_mb = max(_rss_kb(pid) - before[pid] for pid in pids) / 1024
+        assert growth_mb < 32, f"a worker grew by {growth_mb:.0f} MiB while its client read nothing"
+        conn.sock.settimeout(30)
+        status, headers, _ = conn.response(head_only=True)
+        assert status == 200 and int(headers[b"content-length"]) == size
+        received = len(conn.buffer)
+        conn.buffer = b""
+        while received < size:
+            chunk = conn.sock.recv(1 << 20)
+            assert chunk, f"closed after {received} bytes"
+            received += len(chunk)
+        assert received == size
