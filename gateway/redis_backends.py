@@ -182,6 +182,7 @@ class SentinelRunner:
         self.conn: RedisConnection | None = None
         self._checked_at = 0.0
         self._checking: asyncio.Task[None] | None = None
+        self._retired: set[RedisConnection] = set()
 
     async def _ask_sentinels(self) -> RedisAddress:
         last: object = None
@@ -205,9 +206,17 @@ class SentinelRunner:
             address = await self._ask_sentinels()
         except RedisUnavailable:
             return
-        if self.conn is not None and self.conn.address != address:
+        old = self.conn
+        if old is not None and old.address != address:
             log.warning("sentinel switched the primary to %s: reconnecting", address.describe())
-            self.reset_connections()
+            self.conn = RedisConnection(address, self.settings.timeout)
+            # calls in flight on the old primary are answered (or time out) before it is closed
+            self._retired.add(old)
+            asyncio.get_running_loop().call_later(self.settings.timeout, self._close_retired, old)
+
+    def _close_retired(self, conn: RedisConnection) -> None:
+        self._retired.discard(conn)
+        conn.close()
 
     def _maybe_verify(self) -> None:
         now = time.monotonic()
@@ -229,10 +238,10 @@ class SentinelRunner:
             try:
                 reply = await script.run(conn, keys, args)
             except RedisUnavailable:
-                self.reset_connections()
+                self._drop(conn)
                 raise
             if isinstance(reply, RedisReplyError) and str(reply).startswith("READONLY") and attempt == 0:
-                self.reset_connections()  # the old primary was demoted: ask the sentinels again
+                self._drop(conn)  # the old primary was demoted: ask the sentinels again
                 continue
             return reply
         return reply
@@ -242,8 +251,13 @@ class SentinelRunner:
         try:
             return await conn.call(*args)
         except RedisUnavailable:
-            self.reset_connections()
+            self._drop(conn)
             raise
+
+    def _drop(self, conn: RedisConnection) -> None:
+        """Forget `conn` if it is still the current one (a switch may have replaced it already)."""
+        if self.conn is conn:
+            self.reset_connections()
 
     def reset_connections(self) -> None:
         if self.conn is not None:
@@ -252,6 +266,8 @@ class SentinelRunner:
 
     def close(self) -> None:
         self.reset_connections()
+        for conn in list(self._retired):
+            self._close_retired(conn)
 
 
 def make_runner(settings: RedisSettings) -> StandaloneRunner | ClusterRunner | SentinelRunner:
