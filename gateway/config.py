@@ -24,6 +24,7 @@ MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_NODES = 200_000
 MAX_DEPTH = 40
 MAX_COST = 1_000_000_000
+MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
 
 ALGORITHMS = (
     "fixed_window", "sliding_window", "sliding_log",
@@ -584,6 +585,8 @@ def _route(
     if "limits" in m:
         rule_names: set[str] = set()
         for j, rnode in enumerate(r.sequence(m["limits"], f"{key}.limits") or []):
+            if j == MAX_RULES:
+                r.problem(rnode, f"{key}.limits[{j}]", f"a route holds at most {MAX_RULES} rules")
             rule = _rule(rnode, f"{key}.limits[{j}]", r, params, jwt)
             if rule is None:
                 continue
