@@ -1,8 +1,9 @@
 """The naive forwarder the benchmark compares against: what one writes in an afternoon.
 
 Starlette under uvicorn (one worker), ONE shared `httpx.AsyncClient` for the upstream, and ONE
-`EVALSHA` per request through `redis.asyncio` running the gateway's own `lua/decide.lua` with the
-same three rules as the gateway's benchmark route (token_bucket per user, sliding_window per IP,
+`EVALSHA` per request through `redis.asyncio` running the gateway's own decision script (written
+by gateway/decision_script.py from lua/decide.lua) for the same three rules as the gateway's
+benchmark route (token_bucket per user, sliding_window per IP,
 gcra global; limits far above the load). So the Redis work per request is identical; what differs
 is everything around it.
 
@@ -25,22 +26,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.scripts import read_script
+from gateway.config import Rule
+from gateway.decision_script import rule_spec, write_script
 
 UPSTREAM = os.environ.get("UPSTREAM_URL", "http://127.0.0.1:9000").rstrip("/")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
-SCRIPT = read_script("decide")
+# The same numbers as the gateway's route in bench/run.py; limits far above the load.
+RULES = (
+    Rule("user", (), "token_bucket", rate=1_000_000.0, burst=1_000_000),
+    Rule("ip", (), "sliding_window", limit=1_000_000_000, window=1.0),
+    Rule("global", (), "gcra", rate=1_000_000.0, burst=1_000_000),
+)
+SCRIPT, _ = write_script(tuple(rule_spec(rule) for rule in RULES), peek=False)
 SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
-
-# decide.lua's ARGV: rule count, peek, then per rule (algorithm code, p1, p2, cost, shadow).
-# Codes: 2 sliding_window (p1 limit, p2 window in us), 4 token_bucket and 5 gcra (p1 burst,
-# p2 emission interval in us). The same numbers as the gateway's route in bench/run.py.
-ARGS = [
-    3, 0,
-    4, 1_000_000, "1.0", 1, 0,            # user:   token_bucket 1000000/s, burst 1000000
-    2, 1_000_000_000, 1_000_000, 1, 0,    # ip:     sliding_window 1e9 per 1s
-    5, 1_000_000, "1.0", 1, 0,            # global: gcra 1000000/s, burst 1000000
-]
+ARGS = [1, 1, 1]  # the costs
 HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
@@ -64,7 +63,7 @@ async def forward(request: Request) -> Response:
     user = request.headers.get("x-user-id") or ip
     keys = [f"naive:{{bench}}:user:{user}", f"naive:{{bench}}:ip:{ip}", "naive:{bench}:global:_"]
     decision = await state["redis"].evalsha(SHA, len(keys), *keys, *ARGS)
-    if decision[0] != 1:
+    if decision[0] % 2 != 1:  # the reply's head is odd when admitted (lua/decide.lua)
         return JSONResponse({"title": "Too Many Requests", "status": 429}, status_code=429)
     headers = [(k, v) for k, v in request.headers.items() if k not in HOP_BY_HOP]
     url = UPSTREAM + request.url.path + (f"?{request.url.query}" if request.url.query else "")

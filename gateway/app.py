@@ -19,7 +19,7 @@ from typing import Any
 from gateway import metrics
 from gateway.admin import Admin
 from gateway.breaker import Breaker, BreakerState
-from gateway.config import Config, load_config
+from gateway.config import Config, Rule, load_config
 from gateway.errors import (
     BadRequest,
     ConfigError,
@@ -235,16 +235,19 @@ class Gateway:
         elif plan.needs_body:
             view.body_prefix = b""
 
-        rules, keys, costs, args = [], [], [], []
+        rules: list[Rule] = []      # the rules this request has identities for
+        keys: list[str] = []        # one per rule of the route ...
+        costs: list[int | None] = []  # ... None where the rule sits out (on_missing: skip)
         try:
             for i, rule in enumerate(plan.rules):
                 parts = rule_identity(rule, view)
                 if parts is None:
+                    keys.append(plan.prefix_keys[i])
+                    costs.append(None)
                     continue
                 rules.append(rule)
                 keys.append(plan.prefix_keys[i] + identity_token(parts))
                 costs.append(_cost(rule.cost, rule.cost_header, view))
-                args.append(plan.args[i])
         except IdentityMissing as exc:
             status = await _answer(send, problem(400, str(exc), route=route.name, rule=exc.rule), request_id)
             return route.name, "bad_request", exc.rule, status
@@ -256,7 +259,7 @@ class Gateway:
         outcome = "admitted"
         if rules:
             try:
-                decision = await runtime.limiter.decide(args, keys, costs)
+                decision = await runtime.limiter.decide(plan.args, keys, costs)
             except RedisUnavailable as exc:
                 metrics.REDIS_ERRORS.labels(_redis_error_kind(exc)).inc()
                 if route.failure_mode == "closed":

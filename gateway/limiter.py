@@ -9,10 +9,12 @@ from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
 from gateway.breaker import Breaker, BreakerState
-from gateway.config import ALGORITHMS, BUCKET_ALGORITHMS, Rule
+from gateway.decision_script import DecisionScript, Layout, RuleSpec, decision_script, rule_spec
 from gateway.errors import RedisUnavailable
 from gateway.redis_client import RedisReplyError
 from gateway.scripts import Script
+
+__all__ = ["Decision", "Limiter", "Outcome", "RuleSpec", "RuleState", "rule_spec"]
 
 log = logging.getLogger("gateway.limiter")
 
@@ -50,32 +52,31 @@ class ScriptRunner(Protocol):
     def close(self) -> None: ...
 
 
-_CODES = {name: str(i + 1).encode() for i, name in enumerate(ALGORITHMS)}
+_OUTCOMES = tuple(Outcome)
+MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
 
 
-def rule_args(rule: Rule) -> list[bytes]:
-    """The four fixed script arguments of one rule (algorithm, p1, p2, shadow); cost comes per call."""
-    if rule.algorithm in BUCKET_ALGORITHMS:
-        p1, p2 = rule.burst, repr(1_000_000 / rule.rate)
-    else:
-        p1, p2 = rule.limit, str(round(rule.window * 1_000_000))
-    return [_CODES[rule.algorithm], str(p1).encode(), p2.encode(), b"1" if rule.shadow else b"0"]
-
-
-def _ms(us: int) -> int:
-    return -(-us // 1000) if us >= 0 else -1
-
-
-def parse_reply(reply: list[int], count: int) -> Decision:
-    admitted = reply[0] == 1
-    states = tuple(
-        RuleState(Outcome(reply[4 + 3 * i]), reply[5 + 3 * i], _ms(reply[6 + 3 * i]))
-        for i in range(count)
-    )
-    if admitted:
-        return Decision(True, None, None, _ms(reply[3]), states)
-    retry = reply[2]
-    return Decision(False, reply[1] - 1, None if retry < 0 else _ms(retry), 0, states)
+def parse_reply(reply: list[int], layout: Layout, costs: Sequence[int | None]) -> Decision:
+    """Unpack the reply of a script from gateway.decision_script (format: lua/decide.lua), leaving
+    out the rules that sat out (cost None): indices count the rules that took part."""
+    states = []
+    for (at, radix), cost in zip(layout.slots, costs, strict=True):
+        if cost is None:
+            continue
+        if radix:
+            value = reply[at]
+            remaining, reset = divmod(value >> 2, radix)
+        else:
+            remaining, value = reply[at], reply[at + 1]
+            reset = value >> 2
+        states.append(RuleState(_OUTCOMES[value & 3], remaining, reset - 1))
+    head = reply[0]
+    if head & 1:
+        return Decision(True, None, None, head >> 1, tuple(states))
+    retry = (head >> 9) - 1
+    by = ((head >> 1) & 255) - 1
+    by -= sum(1 for cost in costs[:by] if cost is None)
+    return Decision(False, by, None if retry < 0 else retry, 0, tuple(states))
 
 
 class Limiter:
@@ -90,7 +91,7 @@ class Limiter:
         self.breaker = breaker or Breaker()
         self.observe = observe
         self.on_breaker = on_breaker
-        self.script = Script("decide")
+        self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -98,20 +99,29 @@ class Limiter:
 
     async def decide(
         self,
-        rules: Sequence[Sequence[bytes]],
+        rules: Sequence[RuleSpec],
         keys: list[str],
-        costs: Sequence[int],
+        costs: Sequence[int | None],
         peek: bool = False,
     ) -> Decision:
-        """rules: each rule's `rule_args()`; keys and costs: one per rule, in the same order."""
-        args: list[bytes | str | int] = [len(keys), b"1" if peek else b"0"]
-        for fixed, cost in zip(rules, costs, strict=True):
-            args.extend((fixed[0], fixed[1], fixed[2], cost, fixed[3]))
+        """rules: each rule's `rule_spec()`, a route's all; keys and costs: one per rule, in order.
+
+        A cost of None: the request has no identity for that rule (its key is any key with the
+        route's hash tag), which sits out and is left out of the Decision. So one script serves a
+        route. peek: report the rules' state and write nothing (costs should be 0)."""
+        combination = (tuple(rules), peek)
+        found = self.scripts.get(combination)
+        if found is None:
+            if len(self.scripts) >= MAX_SCRIPTS:
+                self.scripts.clear()
+            found = self.scripts[combination] = decision_script(*combination)
+        if len(keys) != len(rules) or len(costs) != len(rules):
+            raise ValueError("one key and one cost per rule")
         if not self.breaker.allow():
             raise RedisUnavailable("Redis circuit breaker is open")
         started = time.perf_counter()
         try:
-            reply = await self.runner.run(self.script, keys, args)
+            reply = await self.runner.run(found.script, keys, [b"" if c is None else c for c in costs])
             if isinstance(reply, RedisReplyError):
                 raise RedisUnavailable(f"Redis refused the decision: {reply}")
         except RedisUnavailable as exc:
@@ -134,4 +144,4 @@ class Limiter:
         if self.observe:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
-        return parse_reply(reply, len(keys))
+        return parse_reply(reply, found.layout, costs)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from gateway.config import Config, RedisSettings, Route, Rule
 from gateway.identity import JwtVerifier
 from gateway.keys import state_key
-from gateway.limiter import Limiter, rule_args
+from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.proxy import UpstreamPool
 
@@ -21,7 +21,7 @@ from gateway.proxy import UpstreamPool
 class RoutePlan:
     route: Route
     rules: tuple[Rule, ...]
-    args: tuple[list[bytes], ...]
+    args: tuple[RuleSpec, ...]
     prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
     needs_body: bool
     pool: UpstreamPool
@@ -65,7 +65,7 @@ def build_runtime(
         plans[route.name] = RoutePlan(
             route=route,
             rules=route.limits,
-            args=tuple(rule_args(rule) for rule in route.limits),
+            args=tuple(rule_spec(rule) for rule in route.limits),
             prefix_keys=tuple(
                 state_key(redis.key_prefix, route.name, rule.name, "") for rule in route.limits
             ),

@@ -1,4 +1,4 @@
-"""The Lua scripts, read once from the package and called by SHA with a fallback to EVAL.
+"""Lua scripts, read from the package (or written from its fragments) and called by SHA with a fallback to EVAL.
 
 A `NOSCRIPT` reply (after `SCRIPT FLUSH`, a restart or a failover to a replica that never saw the
 script) is answered by sending the same call as `EVAL`, which also caches the script again; no
@@ -25,9 +25,9 @@ def read_script(name: str) -> str:
 
 
 class Script:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, source: str | None = None) -> None:
         self.name = name
-        self.source = read_script(name)
+        self.source = read_script(name) if source is None else source
         self.sha = hashlib.sha1(self.source.encode()).hexdigest().encode()
 
     async def run(

@@ -1,18 +1,22 @@
--- units: time in microseconds from Redis TIME; windows, intervals, reset, retry and delay in microseconds; counts in request units
+-- The fragments of a decision script. gateway/decision_script.py writes one script per route (and
+-- one read-only script per rule for the admin port) from the fragments below: `head`, one rule
+-- fragment per rule, that rule's `verdict`, the writes, `tail`. Each rule's parameters are
+-- constants in its fragment (@-names, filled in by string.Template), so a call sends only its keys
+-- and its costs.
 --
--- One decision for all of a route's rules, all or nothing.
---   KEYS[i]           state key of rule i (all keys share one hash tag)
---   ARGV[1]           number of rules n
---   ARGV[2]           1 = peek (report state, write nothing), 0 = decide
---   ARGV[3 + 5(i-1)]  algorithm code of rule i: 1 fixed_window, 2 sliding_window, 3 sliding_log,
---                     4 token_bucket, 5 gcra, 6 leaky_bucket, 7 quota
---   ARGV[4 + 5(i-1)]  p1: limit (windows, quota) or burst (buckets)
---   ARGV[5 + 5(i-1)]  p2: window / period (0 = none) or emission interval 1e6/rate
---   ARGV[6 + 5(i-1)]  cost
---   ARGV[7 + 5(i-1)]  1 if the rule is shadow (counts, never refuses, never delays)
--- Returns {admitted, refusing rule (0 = none), retry_us (-1 = never), delay_us,
---          then per rule: outcome, remaining, reset_us (-1 = never)}
--- outcome: 0 admits, 1 refuses, 2 can never fit (or never refills), 3 shadow rule that would refuse.
+-- units: time in microseconds from Redis TIME; windows, intervals, reset, retry and delay in
+-- microseconds; counts in request units. Replies carry milliseconds, rounded up.
+--
+--   KEYS[i]   state key of rule i (all keys share one hash tag)
+--   ARGV[i]   cost of rule i, or '' when the request has no identity for it (on_missing: skip):
+--             that rule is neither read nor written nor reported, so one script serves a route
+--             whatever identities its requests carry
+-- Returns {head, then per rule one integer (two when the numbers do not fit in one)}:
+--   head     admitted: delay_ms * 2 + 1; refused: ((retry_ms + 1) * 256 + refusing rule) * 2,
+--            retry_ms = -1 when the request can never be admitted as it is
+--   rule     (remaining * @radix + reset_ms + 1) * 4 + outcome, reset_ms = -1 for never; or the
+--            two integers remaining and (reset_ms + 1) * 4 + outcome
+--   outcome  0 admits, 1 refuses, 2 can never fit (or never refills), 3 shadow rule that would refuse
 --
 -- Phase 1 reads every rule's state (one MGET for all, more only where needed) and decides; phase 2
 -- writes only if every enforced rule admits. State, one key per rule and identity, every key with
@@ -26,366 +30,371 @@
 --                         value only the rest (0..999 µs): a shared small integer, no allocation
 --   leaky_bucket          the same, as the time the queue is empty
 -- Bucket intervals are whole microseconds (1e6/rate rounded up: never more than the rate), so the
--- arithmetic is exact and a burst is a burst. Integers below 2^53 go to redis.call as Lua numbers:
--- 6.2 and 7 both print them exactly.
+-- arithmetic is exact and a burst is a burst. Numbers go to redis.call as strings made by
+-- fmt('%d'): Redis prints a Lua number with '%.17g', several thousand instructions each (callgrind).
 -- A clock step backwards: state from the future counts as used up now and is rewritten to end
 -- within one window or burst period (a repair write, done whatever the outcome, never when peeking).
 
+--@@ head
 local call = redis.call
 local tonumber, floor, ceil, sqrt = tonumber, math.floor, math.ceil, math.sqrt
 local fmt = string.format
-
-local n = tonumber(ARGV[1])
-if n == 0 then return {1, 0, 0, 0} end
-local peek = ARGV[2] == '1'
 local t = call('TIME')
 local now = t[1] * 1000000 + t[2]
 local now_ms = floor(now / 1000)
 local EXPIRY_HOLDS_TIME = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
-local PACK_LIMIT = 16777216
-local values = call('MGET', unpack(KEYS))   -- false for a missing key (or one that is not a string)
+local values = call('MGET', @keys)   -- false for a missing key (or one that is not a string)
+local out = {@slots}
+local refused, by, worst, delay = false, 0, 0, 0
 
-local out = {1, 0, 0, 0}
-local worst, delay = 0, 0
-local w, nw = {}, 0   -- admission writes, 5 slots each: key, op, a, b, c (done only if all admit)
-local f, nf = {}, 0   -- repairs after a clock step backwards, same layout (done unless peeking)
-
-for i = 1, n do
-  local base = 5 * i - 2
-  local algo = ARGV[base]
-  local p1, p2, cost = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local key, v = KEYS[i], values[i]
-  local ok, remaining, reset, retry, wait = false, 0, 0, -1, 0
-  local op, a, b, c                    -- this rule's write, if the request is admitted
-  local fop, fa, fb                    -- this rule's repair, if its state came from the future
-
-  if algo == '4' or algo == '5' or algo == '6' then
-    -- buckets: p1 = burst, p2 = emission interval; state = the time the bucket is full again
-    local step = ceil(p2 - 1e-6)
-    if step < 1 then step = 1 end
-    local span = p1 * step
-    local leaky = algo == '6'
-    local cap = leaky and span + step or span
-    local tat = 0
-    if v then
-      tat = tonumber(v) or 0
-      if tat < 1000 then
-        if EXPIRY_HOLDS_TIME then
-          local at = call('PEXPIRETIME', key)
-          tat = at > 0 and at * 1000 - tat or 0
-        else
-          tat = 0
-        end
+--@@ bucket
+-- token_bucket, gcra: burst @burst, one request every @step µs; state = the time it is full again
+local a@i, f@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait = false, -1, 0
+  local tat = 0
+  if v then
+    tat = tonumber(v) or 0
+    if tat < 1000 then
+      if EXPIRY_HOLDS_TIME then
+        local at = call('PEXPIRETIME', key)
+        tat = at > 0 and at * 1000 - tat or 0
+      else
+        tat = 0
       end
     end
-    if tat < now then
-      tat = now
-    elseif tat > now + cap then
-      tat = now + cap                  -- from the future: used up now, full again within `cap`
-      fop, fa = 'T', tat
-    end
-    local ahead = tat - now
-    if leaky then
-      -- a request of cost c takes c departure slots and leaves at the first (wait = ahead)
-      remaining = floor((span - ahead) / step) + 1
+  end
+  if tat < now then
+    tat = now
+  elseif tat > now + @span then
+    tat = now + @span                  -- from the future: used up now, full again within the burst
+    f@i = tat
+  end
+  local ahead = tat - now
+  local remaining, reset = floor((@span - ahead) / @step), ahead
+  if cost <= @burst then
+    local need = ahead + cost * @step - @span
+    if need <= 0 then
+      ok = true
+      ahead = ahead + cost * @step
+      remaining = floor((@span - ahead) / @step)
       reset = ahead
-      if cost - 1 <= p1 then
-        local need = ahead + (cost - 1) * step - span
-        if need <= 0 then
-          ok, wait = true, ahead
-          ahead = ahead + cost * step
-          remaining = floor((span - ahead) / step) + 1
-          reset = ahead
-          op, a = 'T', now + ahead
-        else
-          retry = need
-        end
-      end
+      if cost > 0 then a@i = now + ahead end
     else
-      remaining = floor((span - ahead) / step)
+      retry = need
+    end
+  end
+
+--@@ leaky_bucket
+-- leaky_bucket: a queue of @burst behind the one leaving, one departure every @step µs;
+-- state = the time the queue is empty. A request of cost c takes c departure slots and leaves at
+-- the first (wait = ahead).
+local a@i, f@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait = false, -1, 0
+  local tat = 0
+  if v then
+    tat = tonumber(v) or 0
+    if tat < 1000 then
+      if EXPIRY_HOLDS_TIME then
+        local at = call('PEXPIRETIME', key)
+        tat = at > 0 and at * 1000 - tat or 0
+      else
+        tat = 0
+      end
+    end
+  end
+  if tat < now then
+    tat = now
+  elseif tat > now + @span + @step then
+    tat = now + @span + @step          -- from the future: full now, empty again within the queue
+    f@i = tat
+  end
+  local ahead = tat - now
+  local remaining, reset = floor((@span - ahead) / @step) + 1, ahead
+  if cost - 1 <= @burst then
+    local need = ahead + (cost - 1) * @step - @span
+    if need <= 0 then
+      ok, wait = true, ahead
+      ahead = ahead + cost * @step
+      remaining = floor((@span - ahead) / @step) + 1
       reset = ahead
-      if cost <= p1 then
-        local need = ahead + cost * step - span
-        if need <= 0 then
-          ok = true
-          ahead = ahead + cost * step
-          remaining = floor((span - ahead) / step)
-          reset = ahead
-          op, a = 'T', now + ahead
-        else
-          retry = need
-        end
-      end
-    end
-
-  elseif algo == '1' or algo == '7' then
-    -- fixed_window (p2 = window) and quota (p2 = period, 0 = never refills): a count
-    local count = v and tonumber(v) or nil
-    local numeric = count ~= nil
-    if not numeric then count = 0 end
-    local last_ms = 0
-    reset = -1
-    if p2 > 0 then
-      local stop = (floor(now / p2) + 1) * p2
-      reset = stop - now
-      last_ms = ceil(stop / 1000) - 1  -- the window's last millisecond: the count is gone at `stop`
-    end
-    remaining = p1 - count
-    if cost <= p1 then
-      if count + cost <= p1 then
-        ok = true
-        remaining = p1 - count - cost
-        if p2 > 0 then
-          op, a, b = 'W', count + cost, last_ms
-        elseif numeric then
-          op, a = 'I', cost
-        else
-          op, a = 'S', count + cost
-        end
-      else
-        retry = reset
-        if p2 > 0 and count > 0 and not peek then
-          -- refused: make sure the count ends with this window (after a clock step backwards
-          -- it would end with a later one). SET, not PEXPIREAT: in the window's last millisecond
-          -- PEXPIREAT would delete the key at once, SET ... PXAT keeps it to the end of it
-          local ttl = call('PTTL', key)
-          if ttl < 0 or now_ms + ttl > last_ms + 1 then fop, fa, fb = 'W', v, last_ms end
-        end
-      end
-    end
-
-  elseif algo == '2' then
-    -- sliding_window (approximating counter): p1 = limit, p2 = window
-    local wid = floor(now / p2)
-    local elapsed = now - wid * p2
-    local last_ms = ceil((wid + 2) * p2 / 1000) - 1   -- counts matter until the next window ends
-    local rel, sc, sp = nil, 0, 0
-    if v then
-      local num = tonumber(v)
-      if num then
-        local w4 = num % 4
-        num = (num - w4) / 4
-        local s = floor((sqrt(8 * num + 1) - 1) / 2)
-        while s * (s + 1) / 2 > num do s = s - 1 end
-        while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
-        sp = num - s * (s + 1) / 2
-        sc = s - sp
-        rel = (wid - w4) % 4             -- 0 this window, 1 the last one, 2 or 3 the future
-      else
-        local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
-        if sw then
-          rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
-          if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
-        end
-      end
-    end
-    -- a state written a multiple of four windows ahead (less one: rel 1) looks current (or last):
-    -- its expiry, beyond the next window's end, tells. Asked where it changes the answer: a last
-    -- window's count, a previous count weighted now, or (below) a refusal that could wedge the key.
-    local future, checked = rel == 2 or rel == 3, false
-    if rel == 1 or (rel == 0 and sp > 0) then
-      local ttl = call('PTTL', key)
-      future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
-    end
-    local cur, prev, room
-    for pass = 1, 2 do
-      if future then
-        cur, prev = sc + sp, 0           -- from the future: all of it counts as used up now
-        if cur > p1 then cur = p1 end
-      elseif rel == 1 then
-        cur, prev = 0, sc
-      elseif rel == 0 then
-        cur, prev = sc, sp
-      else
-        cur, prev = 0, 0
-      end
-      -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
-      room = (p1 - cur - cost) * p2 - prev * (p2 - elapsed)
-      if room >= 0 or checked or future or peek or rel ~= 0 or cost > p1 then break end
-      local ttl = call('PTTL', key)
-      future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
-      if not future then break end
-    end
-    local avail = room + cost * p2
-    remaining = floor(avail / p2)
-    if remaining * p2 > avail then remaining = remaining - 1 end
-    reset = p2 - elapsed
-    if cost <= p1 then
-      if room >= 0 then
-        ok = true
-        remaining = remaining - cost
-        op, b = 'W', last_ms
-        if p1 < PACK_LIMIT then
-          local s = cur + cost + prev
-          a = (s * (s + 1) / 2 + prev) * 4 + wid % 4
-        else
-          a = fmt('%d:%d:%d', wid, cur + cost, prev)
-        end
-      else
-        local r
-        if prev > 0 and cur + cost <= p1 then
-          -- later in this window: prev * (window - elapsed - r) <= (limit - cur - cost) * window
-          local x = (p1 - cur - cost) * p2
-          local q = floor(x / prev)
-          if q * prev > x then q = q - 1 end
-          r = p2 - elapsed - q
-        end
-        if r == nil or r >= p2 - elapsed then
-          -- in the next window, at y into it: cur * (window - y) <= (limit - cost) * window
-          local y = 0
-          if cur > 0 then
-            local x = (p1 - cost) * p2
-            local q = floor(x / cur)
-            if q * cur > x then q = q - 1 end
-            y = p2 - q
-            if y < 0 then y = 0 end
-          end
-          r = p2 - elapsed + y
-        end
-        if p1 * p2 > 4503599627370496 then r = r + ceil(p1 * p2 / 2251799813685248) end -- floats past 2^52
-        retry = r
-      end
-    end
-    if future then
-      -- rewritten as this window's, so that it is over within one window (the admission's own
-      -- write does the same)
-      fop, fb = 'W', last_ms
-      if p1 < PACK_LIMIT then
-        fa = (cur * (cur + 1) / 2) * 4 + wid % 4
-      else
-        fa = fmt('%d:%d:%d', wid, cur, 0)
-      end
-    end
-
-  else
-    -- sliding_log: p1 = limit, p2 = window; at most `limit` in any window (now - p2, now]
-    local count, edge, exists = 0, '(' .. fmt('%d', now - p2), false
-    if not v then
-      local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if last[2] then
-        exists = true
-        if tonumber(last[2]) > now then fop = 'Z' end   -- from the future: count as made now
-        count = call('ZCOUNT', key, edge, '+inf')
-      end
-    end
-    reset = p2
-    if count > 0 then
-      local oldest = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
-      if oldest > now then oldest = now end
-      reset = oldest + p2 - now
-    end
-    remaining = p1 - count
-    if cost <= p1 then
-      if count + cost <= p1 then
-        ok = true
-        remaining = p1 - count - cost
-        -- a string under this key is another algorithm's state: replaced by a fresh log
-        op, a, b, c = 'L', count, v and 'DEL' or (exists and 'TRIM' or ''), i
-      else
-        local kth = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT',
-                                  count + cost - p1 - 1, 1)[2])
-        if kth > now then kth = now end
-        retry = kth + p2 - now
-      end
+      if cost > 0 then a@i = now + ahead end
+    else
+      retry = need
     end
   end
 
-  local outcome = 0
-  local shadow = ARGV[base + 4] == '1'
-  if ok then
-    if cost > 0 then
-      nw = nw + 5
-      w[nw - 4], w[nw - 3], w[nw - 2], w[nw - 1], w[nw] = key, op, a, b, c
-    end
-    if wait > delay and not shadow then delay = wait end
-  elseif shadow then
-    outcome = 3
-  else
-    outcome = retry < 0 and 2 or 1
-    if out[1] == 1 or (worst >= 0 and (retry < 0 or retry > worst)) then
-      out[2] = i
-      worst = retry
-    end
-    out[1] = 0
-  end
-  if fop then
-    nf = nf + 5
-    f[nf - 4], f[nf - 3], f[nf - 2], f[nf - 1] = key, fop, fa, fb
-  end
-  if remaining < 0 then remaining = 0 end
-  out[3 * i + 2] = outcome
-  out[3 * i + 3] = floor(remaining)
-  out[3 * i + 4] = reset < 0 and -1 or ceil(reset)
-end
-
-if peek then
-  nw, nf = 0, 0
-elseif out[1] == 0 then
-  nw = 0
-end
-local BATCH = 500
-
--- repairs first, so that an admission's own write to the same key comes last
-for j = 5, nf + nw, 5 do
-  local list, k = f, j
-  if j > nf then list, k = w, j - nf end
-  local key, op, a, b, c = list[k - 4], list[k - 3], list[k - 2], list[k - 1], list[k]
-  if op == 'T' then
+--@@ bucket_write
+  if @value then
     -- a bucket's time in µs: the key expires at it (rounded up to the millisecond)
-    local at = ceil(a / 1000)
+    local at = ceil(@value / 1000)
     if EXPIRY_HOLDS_TIME then
-      call('SET', key, at * 1000 - a, 'PXAT', at)
+      call('SET', KEYS[@i], fmt('%d', at * 1000 - @value), 'PXAT', fmt('%d', at))
     else
-      call('SET', key, a, 'PXAT', at)
+      call('SET', KEYS[@i], fmt('%d', @value), 'PXAT', fmt('%d', at))
     end
-  elseif op == 'W' then
-    call('SET', key, a, 'PXAT', b)
-  elseif op == 'I' then
-    call('INCRBY', key, a)
-  elseif op == 'S' then
-    call('SET', key, a)
-  elseif op == 'Z' then
+  end
+
+--@@ set_until
+  if @value then call('SET', KEYS[@i], @value, 'PXAT', fmt('%d', @until)) end
+
+--@@ window_count
+-- fixed_window, or quota with a period: at most @limit in each window of @window µs
+local a@i, b@i, f@i, g@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait = false, -1, 0
+  local count = v and tonumber(v) or 0
+  local stop = (floor(now / @window) + 1) * @window
+  local reset = stop - now
+  local last_ms = ceil(stop / 1000) - 1  -- the window's last millisecond: the count is gone at `stop`
+  local remaining = @limit - count
+  if cost <= @limit then
+    if count + cost <= @limit then
+      ok = true
+      remaining = @limit - count - cost
+      if cost > 0 then a@i, b@i = fmt('%d', count + cost), last_ms end
+    else
+      retry = reset
+      if count > 0 and not @peek then
+        -- refused: make sure the count ends with this window (after a clock step backwards
+        -- it would end with a later one). SET, not PEXPIREAT: in the window's last millisecond
+        -- PEXPIREAT would delete the key at once, SET ... PXAT keeps it to the end of it
+        local ttl = call('PTTL', key)
+        if ttl < 0 or now_ms + ttl > last_ms + 1 then f@i, g@i = v, last_ms end
+      end
+    end
+  end
+
+--@@ quota
+-- quota without a period: @limit in all, until an operator resets it
+local a@i, b@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local v, cost = values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait, reset = false, -1, 0, -1
+  local count = v and tonumber(v) or nil
+  local numeric = count ~= nil
+  if not numeric then count = 0 end
+  local remaining = @limit - count
+  if cost <= @limit and count + cost <= @limit then
+    ok = true
+    remaining = @limit - count - cost
+    if cost > 0 then a@i, b@i = ARGV[@i], numeric end
+  end
+
+--@@ quota_write
+  if a@i then
+    if b@i then
+      call('INCRBY', KEYS[@i], a@i)
+    else
+      call('SET', KEYS[@i], a@i)
+    end
+  end
+
+--@@ sliding_window
+-- sliding_window (approximating counter): @limit per @window µs, the last window's count weighted
+-- by how much of it still overlaps
+local a@i, b@i, f@i, g@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait = false, -1, 0
+  local wid = floor(now / @window)
+  local elapsed = now - wid * @window
+  local last_ms = ceil((wid + 2) * @window / 1000) - 1   -- counts matter until the next window ends
+  local rel, sc, sp = nil, 0, 0
+  if v then
+    local num = tonumber(v)
+    if num then
+      local w4 = num % 4
+      num = (num - w4) / 4
+      local s = floor((sqrt(8 * num + 1) - 1) / 2)
+      while s * (s + 1) / 2 > num do s = s - 1 end
+      while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
+      sp = num - s * (s + 1) / 2
+      sc = s - sp
+      rel = (wid - w4) % 4             -- 0 this window, 1 the last one, 2 or 3 the future
+    else
+      local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
+      if sw then
+        rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
+        if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
+      end
+    end
+  end
+  -- a state written a multiple of four windows ahead (less one: rel 1) looks current (or last):
+  -- its expiry, beyond the next window's end, tells. Asked where it changes the answer: a last
+  -- window's count, a previous count weighted now, or (below) a refusal that could wedge the key.
+  local future, checked = rel == 2 or rel == 3, false
+  if rel == 1 or (rel == 0 and sp > 0) then
+    local ttl = call('PTTL', key)
+    future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
+  end
+  local cur, prev, room
+  for pass = 1, 2 do
+    if future then
+      cur, prev = sc + sp, 0           -- from the future: all of it counts as used up now
+      if cur > @limit then cur = @limit end
+    elseif rel == 1 then
+      cur, prev = 0, sc
+    elseif rel == 0 then
+      cur, prev = sc, sp
+    else
+      cur, prev = 0, 0
+    end
+    -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
+    room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
+    if room >= 0 or checked or future or @peek or rel ~= 0 or cost > @limit then break end
+    local ttl = call('PTTL', key)
+    future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
+    if not future then break end
+  end
+  local avail = room + cost * @window
+  local remaining = floor(avail / @window)
+  if remaining * @window > avail then remaining = remaining - 1 end
+  local reset = @window - elapsed
+  if cost <= @limit then
+    if room >= 0 then
+      ok = true
+      remaining = remaining - cost
+      if cost > 0 then
+        local c = cur + cost
+        a@i, b@i = @pack_state
+      end
+    else
+      local r
+      if prev > 0 and cur + cost <= @limit then
+        -- later in this window: prev * (window - elapsed - r) <= (limit - cur - cost) * window
+        local x = (@limit - cur - cost) * @window
+        local q = floor(x / prev)
+        if q * prev > x then q = q - 1 end
+        r = @window - elapsed - q
+      end
+      if r == nil or r >= @window - elapsed then
+        -- in the next window, at y into it: cur * (window - y) <= (limit - cost) * window
+        local y = 0
+        if cur > 0 then
+          local x = (@limit - cost) * @window
+          local q = floor(x / cur)
+          if q * cur > x then q = q - 1 end
+          y = @window - q
+          if y < 0 then y = 0 end
+        end
+        r = @window - elapsed + y
+      end
+      retry = r + @float_slack
+    end
+  end
+  if future then
+    -- rewritten as this window's, so that it is over within one window (the admission's own
+    -- write does the same)
+    local c = cur
+    prev = 0
+    f@i, g@i = @pack_state
+  end
+
+--@@ sliding_log
+-- sliding_log: at most @limit in any window (now - @window, now], one sorted-set member per unit
+local a@i, b@i, f@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local ok, retry, wait = false, -1, 0
+  local count, edge, exists = 0, '(' .. fmt('%d', now - @window), false
+  if not v then
+    local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    if last[2] then
+      exists = true
+      if tonumber(last[2]) > now then f@i = true end   -- from the future: count as made now
+      count = call('ZCOUNT', key, edge, '+inf')
+    end
+  end
+  local reset = @window
+  if count > 0 then
+    local oldest = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2])
+    if oldest > now then oldest = now end
+    reset = oldest + @window - now
+  end
+  local remaining = @limit - count
+  if cost <= @limit then
+    if count + cost <= @limit then
+      ok = true
+      remaining = @limit - count - cost
+      -- a string under this key is another algorithm's state: replaced by a fresh log
+      if cost > 0 then a@i, b@i = count, v and 'DEL' or (exists and 'TRIM' or '') end
+    else
+      local kth = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT',
+                                fmt('%d', count + cost - @limit - 1), '1')[2])
+      if kth > now then kth = now end
+      retry = kth + @window - now
+    end
+  end
+
+--@@ sliding_log_repair
+  if f@i then
     -- entries from the future (the clock stepped back) are made now
-    local now_s = fmt('%d', now)
+    local key, now_s = KEYS[@i], fmt('%d', now)
     local future = call('ZRANGEBYSCORE', key, '(' .. now_s, '+inf')
     local args, m = {}, 0
     for u = 1, #future do
       args[m + 1], args[m + 2] = now_s, future[u]
       m = m + 2
-      if m == 2 * BATCH or u == #future then
+      if m == 1000 or u == #future then
         call('ZADD', key, 'XX', unpack(args, 1, m))
         m = 0
       end
     end
-  else
-    -- 'L': add `cost` members at now to the log, named now.<count + u> (unique but for clock games)
-    local window, cost = tonumber(ARGV[5 * c]), tonumber(ARGV[5 * c + 1])   -- c: the rule's index
-    local now_s = fmt('%d', now)
-    if b == 'DEL' then
+  end
+
+--@@ sliding_log_write
+  if a@i then
+    -- add `cost` members at now to the log, named now.<count + u> (unique but for clock games)
+    local key, cost, now_s = KEYS[@i], tonumber(ARGV[@i]), fmt('%d', now)
+    if b@i == 'DEL' then
       call('DEL', key)
-    elseif b == 'TRIM' then
-      call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - window))
+    elseif b@i == 'TRIM' then
+      call('ZREMRANGEBYSCORE', key, '-inf', fmt('%d', now - @window))
     end
     local args, m, added = {}, 0, 0
     for u = 1, cost do
-      args[m + 1], args[m + 2] = now_s, now_s .. '.' .. (a + u)
+      args[m + 1], args[m + 2] = now_s, now_s .. '.' .. (a@i + u)
       m = m + 2
-      if m == 2 * BATCH or u == cost then
+      if m == 1000 or u == cost then
         added = added + call('ZADD', key, 'NX', unpack(args, 1, m))
         m = 0
       end
     end
     for u = 1, cost - added do
       local k = 0
-      while call('ZADD', key, 'NX', now_s, now_s .. '~' .. (a + u) .. '.' .. k) == 0 do k = k + 1 end
+      while call('ZADD', key, 'NX', now_s, now_s .. '~' .. (a@i + u) .. '.' .. k) == 0 do k = k + 1 end
     end
-    call('PEXPIREAT', key, ceil((now + window) / 1000))
+    call('PEXPIREAT', key, fmt('%d', ceil((now + @window) / 1000)))
   end
+
+--@@ verdict
+  -- this rule's part of the reply, and the request's refusal if it refuses
+  local outcome = 0
+  if not ok then
+    if @shadow then
+      outcome = 3
+    else
+      outcome = retry < 0 and 2 or 1
+      if not refused or (worst >= 0 and (retry < 0 or retry > worst)) then by, worst = @i, retry end
+      refused = true
+    end
+  elseif wait > delay and not @shadow then
+    delay = wait
+  end
+  if remaining < 0 then remaining = 0 elseif remaining > @most then remaining = @most end
+  local rs = reset < 0 and 0 or ceil(reset / 1000) + 1
+  @reply
 end
 
-if out[1] == 1 then
-  out[4] = delay
+--@@ tail
+if refused then
+  out[1] = ((worst < 0 and 0 or ceil(worst / 1000) + 1) * 256 + by) * 2
 else
-  out[3] = worst
+  out[1] = ceil(delay / 1000) * 2 + 1
 end
 return out

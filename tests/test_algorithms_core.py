@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import RedisSettings, Rule
-from gateway.limiter import Decision, Limiter, Outcome, rule_args
+from gateway.config import MAX_RULES, RedisSettings, Rule
+from gateway.limiter import Decision, Limiter, Outcome, rule_spec
 from gateway.redis_backends import StandaloneRunner
 from tests.support.limiter_engine import Engine as MicrosecondEngine
 from tests.support.redis_proc import RedisClock, RedisProcess
@@ -230,9 +230,56 @@ def test_both_server_versions(any_redis: RedisProcess) -> None:
     keys = [key(), key(), key()]
 
     async def go() -> list[bool]:
-        out = [(await limiter.decide([rule_args(r) for r in rules], keys, [1, 1, 1])).admitted for _ in range(4)]
+        out = [(await limiter.decide([rule_spec(r) for r in rules], keys, [1, 1, 1])).admitted for _ in range(4)]
         limiter.runner.close()
         await asyncio.sleep(0.01)
         return out
 
     assert asyncio.run(go()) == [True, True, False, False]
+
+
+def test_a_route_of_thirty_two_rules_is_one_script_and_names_the_refusing_rule(engine: Engine) -> None:
+    kinds = [Rule("fw", (), "fixed_window", limit=5, window=10.0),
+             Rule("sw", (), "sliding_window", limit=5, window=10.0),
+             Rule("sl", (), "sliding_log", limit=5, window=10.0),
+             Rule("tb", (), "token_bucket", rate=1.0, burst=5),
+             Rule("gc", (), "gcra", rate=1.0, burst=5),
+             Rule("lb", (), "leaky_bucket", rate=1.0, burst=5),
+             Rule("qp", (), "quota", limit=5, window=3600.0),
+             Rule("q", (), "quota", limit=5)]
+    rules = [kinds[i % len(kinds)] for i in range(MAX_RULES - 1)] + [Rule("last", (), "quota", limit=1)]
+    keys = [key() for _ in rules]
+    engine.at(T0)
+    first = engine.decide(rules, keys, [1] * MAX_RULES)
+    assert first.admitted and [s.remaining for s in first.rules][:8] == [4, 4, 4, 4, 4, 5, 4, 4]
+    assert first.rules[-1].remaining == 0  # (a leaky bucket also holds the one leaving)
+    second = engine.decide(rules, keys, [1] * MAX_RULES)
+    assert not second.admitted and second.refused_by == MAX_RULES - 1 and second.retry_after_ms is None
+
+
+def test_numbers_too_large_to_pack_are_reported_exactly(engine: Engine) -> None:
+    # a billion a year: remaining and reset in ms do not fit in one exact integer together
+    big = Rule("big", (), "fixed_window", limit=10**9, window=366 * 86400.0)
+    small = Rule("small", (), "token_bucket", rate=1.0, burst=3)
+    keys = [key(), key()]
+    engine.at(T0 + 1)
+    decision = engine.decide([big, small], keys, [7, 1])
+    window_ms = 366 * 86400 * 1000
+    assert decision.rules[0].remaining == 10**9 - 7
+    assert decision.rules[0].reset_ms == window_ms - (round((T0 + 1) * 1000) % window_ms)
+    assert decision.rules[1].remaining == 2 and decision.rules[1].reset_ms == 1000
+
+
+def test_a_rule_without_an_identity_sits_out_of_the_routes_script(engine: Engine) -> None:
+    a = Rule("a", (), "token_bucket", rate=1.0, burst=5)
+    b = Rule("b", (), "quota", limit=1)
+    c = Rule("c", (), "quota", limit=1)
+    keys = [key(), key(), key()]
+    engine.at(T0)
+    first = engine.decide([a, b, c], keys, [1, None, 1])
+    assert first.admitted and [s.remaining for s in first.rules] == [4, 0]
+    second = engine.decide([a, b, c], keys, [1, None, 1])
+    assert not second.admitted and second.refused_by == 1  # c: the second of the rules taking part
+    assert engine.client.exists(keys[1]) == 0
+    assert engine.decide([a, b, c], keys, [1, 1, None]).admitted  # b takes part now, c sits out
+    assert len(engine.limiter.scripts) == 1  # one script for the route, whoever sits out

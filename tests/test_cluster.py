@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import RedisSettings, Rule, Source
 from gateway.keys import state_key
-from gateway.limiter import Limiter, rule_args
+from gateway.limiter import Limiter, rule_spec
 from gateway.redis_backends import ClusterRunner, key_slot
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
@@ -53,7 +53,7 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
                 keys = [state_key("rlgw", route, "user", f"u{i}-{run_id}"),
                         state_key("rlgw", route, "item", f"42-{run_id}"),
                         state_key("rlgw", route, "stock", f"42-{run_id}")]
-                decision = await limiter.decide([rule_args(r) for r in rules], keys, [1, 1, 1])
+                decision = await limiter.decide([rule_spec(r) for r in rules], keys, [1, 1, 1])
                 out[route].append(decision.admitted)
         runner.close()
         return out
@@ -93,11 +93,11 @@ def test_a_moved_slot_costs_no_error_and_no_count(cluster: RedisCluster) -> None
     async def run() -> list[bool]:
         runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
         limiter = Limiter(runner)
-        admitted = [(await limiter.decide([rule_args(rule)], [key], [1])).admitted for _ in range(3)]
+        admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(3)]
         before = cluster.owner_of(key).port
         _move_slot(cluster, key_slot(key))
         assert cluster.owner_of(key).port != before
-        admitted += [(await limiter.decide([rule_args(rule)], [key], [1])).admitted for _ in range(5)]
+        admitted += [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(5)]
         runner.close()
         return admitted
 

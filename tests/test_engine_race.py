@@ -10,7 +10,7 @@ from pathlib import Path
 from gateway.config import RedisSettings, Rule
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
-from gateway.limiter import Limiter, rule_args
+from gateway.limiter import Limiter, rule_spec
 from gateway.redis_backends import StandaloneRunner
 from tests.support.redis_proc import RedisClock, RedisProcess
 
@@ -20,7 +20,7 @@ BUCKET = Rule("user", (), "token_bucket", rate=0.001, burst=50)
 
 def _race(url: str, quota_key: str, bucket_key: str, tasks: int) -> tuple[int, int]:
     async def one(limiter: Limiter, rule: Rule, key: str) -> bool:
-        return (await limiter.decide([rule_args(rule)], [key], [1])).admitted
+        return (await limiter.decide([rule_spec(rule)], [key], [1])).admitted
 
     async def main() -> tuple[int, int]:
         limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
@@ -60,7 +60,7 @@ def test_every_decision_is_one_script_call_and_survives_script_flush_and_restart
              Rule("stock", (), "quota", limit=10_000)]
     route = f"calls{uuid.uuid4().hex[:6]}"
     keys = [state_key("rlgw", route, r.name, "k") for r in rules]
-    args = [rule_args(r) for r in rules]
+    args = [rule_spec(r) for r in rules]
 
     async def decide(limiter: Limiter, n: int) -> int:
         errors = 0
@@ -96,7 +96,7 @@ def test_a_restarted_redis_costs_at_most_the_call_in_flight() -> None:
     try:
         async def main() -> int:
             limiter = Limiter(StandaloneRunner(RedisSettings(url=proc.url, timeout=1.0)))
-            rule = [rule_args(Rule("g", (), "gcra", rate=1000.0, burst=1000))]
+            rule = [rule_spec(Rule("g", (), "gcra", rate=1000.0, burst=1000))]
             await limiter.decide(rule, ["k"], [1])
             proc.restart()
             errors = 0

@@ -13,7 +13,7 @@ import pytest
 from gateway.config import RedisSettings, Rule
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
-from gateway.limiter import Limiter, rule_args
+from gateway.limiter import Limiter, rule_spec
 from gateway.redis_backends import SentinelRunner
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
@@ -94,7 +94,7 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
     async def run() -> list[bool]:
         runner = SentinelRunner(settings)
         limiter = Limiter(runner)
-        admitted = [(await limiter.decide([rule_args(rule)], [key], [1])).admitted for _ in range(4)]
+        admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(4)]
         wait_until(lambda: replica.client().get(key) == b"4")
         sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
         wait_until(lambda: _primary_port(sentinel) == replica.port, timeout=20)
@@ -103,12 +103,12 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
         # primary and are lost when it is demoted (asynchronous replication); the runner looks
         # every check_interval seconds
         await asyncio.sleep(runner.check_interval * 1.5)
-        await limiter.decide([rule_args(rule)], [key], [0], peek=True)  # triggers the look
+        await limiter.decide([rule_spec(rule)], [key], [0], peek=True)  # triggers the look
         await asyncio.sleep(0.3)
         errors = 0
         for _ in range(8):
             try:
-                admitted.append((await limiter.decide([rule_args(rule)], [key], [1])).admitted)
+                admitted.append((await limiter.decide([rule_spec(rule)], [key], [1])).admitted)
             except RedisUnavailable:
                 errors += 1
         runner.close()
@@ -126,6 +126,6 @@ def test_no_sentinel_answering_is_redis_unavailable(tmp_path: Path) -> None:
     async def run() -> None:
         limiter = Limiter(SentinelRunner(settings))
         with pytest.raises(RedisUnavailable):
-            await limiter.decide([rule_args(Rule("q", (), "quota", limit=1))], ["rlgw:{x}:q:~"], [1])
+            await limiter.decide([rule_spec(Rule("q", (), "quota", limit=1))], ["rlgw:{x}:q:~"], [1])
 
     asyncio.run(run())

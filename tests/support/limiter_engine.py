@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.config import RedisSettings, Rule
-from gateway.limiter import Decision, Limiter, rule_args
+from gateway.limiter import Decision, Limiter, rule_spec
 from gateway.redis_backends import StandaloneRunner
 from tests.support.redis_proc import RedisClock, RedisProcess
 
@@ -33,8 +33,9 @@ class Engine:
         self.clock.set(t / 1_000_000)
         self.now = t
 
-    def decide(self, rules: Sequence[Rule], keys: list[str], costs: list[int], peek: bool = False) -> Decision:
-        coro = self.limiter.decide([rule_args(r) for r in rules], keys, costs, peek=peek)
+    def decide(self, rules: Sequence[Rule], keys: list[str], costs: Sequence[int | None],
+               peek: bool = False) -> Decision:
+        coro = self.limiter.decide([rule_spec(r) for r in rules], keys, costs, peek=peek)
         return self.loop.run_until_complete(coro)
 
     def redis_time(self) -> int:

@@ -1,0 +1,150 @@
+"""One decision script per combination of rules, written from the fragments of lua/decide.lua.
+
+Each rule's algorithm and parameters become constants of the script, so a call sends its keys and
+its costs and nothing else, and Redis runs straight-line code for exactly those rules. The reply is
+packed into one integer per rule where the numbers fit (see lua/decide.lua's header), and unpacked
+here into a `Decision`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from string import Template
+from typing import NamedTuple
+
+from gateway.config import BUCKET_ALGORITHMS, Rule
+from gateway.scripts import Script, read_script
+
+EXACT = 2**53  # Lua numbers are doubles: integers below this are exact
+
+
+class RuleSpec(NamedTuple):
+    """What the script needs of a rule: all µs and whole units; p2 = 0 is a quota without period."""
+
+    algorithm: str
+    p1: int      # limit (windows, quota) or burst (buckets)
+    p2: int      # window / period, or a bucket's emission interval
+    shadow: bool
+
+
+def rule_spec(rule: Rule) -> RuleSpec:
+    if rule.algorithm in BUCKET_ALGORITHMS:
+        # whole microseconds, rounded up: never more than the rate
+        step = max(1, math.ceil(float(repr(1_000_000 / rule.rate)) - 1e-6))
+        return RuleSpec(rule.algorithm, rule.burst, step, rule.shadow)
+    return RuleSpec(rule.algorithm, rule.limit, round(rule.window * 1_000_000), rule.shadow)
+
+
+class _Dollar(Template):
+    delimiter = "@"
+
+
+def _fragments() -> dict[str, _Dollar]:
+    parts = re.split(r"^--@@ (\w+)\n", read_script("decide"), flags=re.MULTILINE)
+    return {name: _Dollar(body.rstrip() + "\n") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+FRAGMENTS = _fragments()
+
+
+class Layout(NamedTuple):
+    """Where each rule's numbers are in the reply: (0-based index, radix); radix 0 = two integers."""
+
+    slots: tuple[tuple[int, int], ...]
+
+
+def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
+    """The largest `remaining` a rule reports and its longest reset in µs (-1: never resets)."""
+    if spec.algorithm == "leaky_bucket":
+        return spec.p1 + 1, (spec.p1 + 1) * spec.p2
+    if spec.algorithm in BUCKET_ALGORITHMS:
+        return spec.p1, spec.p1 * spec.p2
+    return spec.p1, spec.p2 if spec.p2 > 0 else -1
+
+
+def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
+    """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout."""
+    n = len(specs)
+    slots: list[tuple[int, int]] = []
+    index = 2
+    for spec in specs:
+        most, longest = _most_and_longest(spec)
+        radix = math.ceil(longest / 1000) + 2 if longest >= 0 else 1
+        packed = ((most + 1) * radix) * 4 < EXACT
+        slots.append((index - 1, radix if packed else 0))
+        index += 1 if packed else 2
+    lua = "true" if peek else "false"
+    parts = [FRAGMENTS["head"].substitute(
+        keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
+        slots=", ".join("0" for _ in range(index - 1)),
+    )]
+    for i, (spec, (at0, radix)) in enumerate(zip(specs, slots, strict=True), start=1):
+        most, _ = _most_and_longest(spec)
+        at = at0 + 1
+        reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
+                 else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
+        parts.append(_rule(i, spec, lua))
+        parts.append(FRAGMENTS["verdict"].substitute(
+            i=i, shadow="true" if spec.shadow else "false", most=most, reply=reply))
+    if not peek:
+        repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
+        writes = [_write(i, spec) for i, spec in enumerate(specs, start=1)]
+        parts.extend(repairs)
+        parts.append("if not refused then\n" + "".join(writes) + "end\n")
+    parts.append(FRAGMENTS["tail"].substitute())
+    return "".join(parts), Layout(tuple(slots))
+
+
+def _rule(i: int, spec: RuleSpec, peek: str) -> str:
+    algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
+    if algorithm in ("token_bucket", "gcra"):
+        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2)
+    if algorithm == "leaky_bucket":
+        return FRAGMENTS["leaky_bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2)
+    if algorithm == "quota" and p2 == 0:
+        return FRAGMENTS["quota"].substitute(i=i, limit=p1)
+    if algorithm in ("fixed_window", "quota"):
+        return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
+    if algorithm == "sliding_window":
+        if p1 < 2**24:
+            pack = "fmt('%d', ((c + prev) * (c + prev + 1) / 2 + prev) * 4 + wid % 4), last_ms"
+        else:
+            pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
+        # floats lose exactness past 2^52: a retry rounded up by their step stays honest
+        slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
+        return FRAGMENTS["sliding_window"].substitute(
+            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack)
+    assert algorithm == "sliding_log", algorithm
+    return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
+
+
+def _repair(i: int, spec: RuleSpec) -> str:
+    """The write that cuts state from the future back (the clock stepped backwards), or ''."""
+    if spec.algorithm in BUCKET_ALGORITHMS:
+        return FRAGMENTS["bucket_write"].substitute(i=i, value=f"f{i}")
+    if spec.algorithm == "sliding_log":
+        return FRAGMENTS["sliding_log_repair"].substitute(i=i)
+    if spec.algorithm == "quota" and spec.p2 == 0:
+        return ""
+    return FRAGMENTS["set_until"].substitute(i=i, value=f"f{i}", until=f"g{i}")
+
+
+def _write(i: int, spec: RuleSpec) -> str:
+    if spec.algorithm in BUCKET_ALGORITHMS:
+        return FRAGMENTS["bucket_write"].substitute(i=i, value=f"a{i}")
+    if spec.algorithm == "sliding_log":
+        return FRAGMENTS["sliding_log_write"].substitute(i=i, window=spec.p2)
+    if spec.algorithm == "quota" and spec.p2 == 0:
+        return FRAGMENTS["quota_write"].substitute(i=i)
+    return FRAGMENTS["set_until"].substitute(i=i, value=f"a{i}", until=f"b{i}")
+
+
+class DecisionScript(NamedTuple):
+    script: Script
+    layout: Layout
+
+
+def decision_script(specs: tuple[RuleSpec, ...], peek: bool = False) -> DecisionScript:
+    source, layout = write_script(specs, peek)
+    return DecisionScript(Script(f"decide:{len(specs)}", source), layout)
