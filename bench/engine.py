@@ -2,34 +2,47 @@
 
     .venv/bin/python bench/engine.py            # both server versions when installed
     .venv/bin/python bench/engine.py --identities 20000 --decisions 20000
+    .venv/bin/python bench/engine.py --instructions   # and instructions per decision (callgrind)
 
 CPU: `INFO commandstats` usec_per_call of EVALSHA for a 3-rule route (token_bucket per user,
-sliding_window per item, quota per item), the median of five rounds of decisions over fresh and
+sliding_window per item, quota per item), the median of seven rounds of decisions over fresh and
 existing keys, next to the floor under it: a script making the same Redis calls (TIME, MGET and
-the three writes) with no logic, measured the same way. Memory: `used_memory` before and after
-100,000 identities each hit once, per O(1) algorithm, divided by the number of keys. Results print
-as a Markdown table.
+the three writes) and a reply of the same size with no logic, measured in turn with them.
+redis-server runs pinned to one core and this process to the other. Memory: `used_memory` before
+and after 100,000 identities each hit once, per O(1) algorithm, divided by the number of keys.
+Results print as a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.config import RedisSettings, Rule, Source
 from gateway.keys import identity_token, state_key
-from gateway.limiter import Limiter, rule_args
+from gateway.limiter import Limiter, rule_spec
 from gateway.redis_backends import StandaloneRunner
+from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess, binaries
 
 O1_RULES = {
-    "fixed_window": Rule("r", (Source("header", "x-user"),), "fixed_window", limit=100, window=60.0),
-    "sliding_window": Rule("r", (Source("header", "x-user"),), "sliding_window", limit=100, window=60.0),
+    "fixed_window": Rule("r", (Source("header", "x-user"),), "fixed_window", limit=100, window=86400.0),
+    "sliding_window": Rule("r", (Source("header", "x-user"),), "sliding_window", limit=100, window=86400.0),
     "token_bucket": Rule("r", (Source("header", "x-user"),), "token_bucket", rate=0.01, burst=100),
     "gcra": Rule("r", (Source("header", "x-user"),), "gcra", rate=0.01, burst=100),
     "leaky_bucket": Rule("r", (Source("header", "x-user"),), "leaky_bucket", rate=0.01, burst=100),
@@ -52,7 +65,7 @@ def route_keys(i: int, users: int) -> list[str]:
 
 async def decisions(url: str, count: int, users: int) -> None:
     limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
-    args = [rule_args(r) for r in ROUTE]
+    args = [rule_spec(r) for r in ROUTE]
     batch = 200
     for start in range(0, count, batch):
         calls = []
@@ -69,7 +82,7 @@ local at = t[1] * 1000 + 60000
 redis.call('SET', KEYS[1], t[2], 'PXAT', at)
 redis.call('SET', KEYS[2], t[2], 'PXAT', at)
 redis.call('INCRBY', KEYS[3], 1)
-return {1, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1}
+return {3, 4005, 4005, 4005}
 """
 
 
@@ -88,13 +101,24 @@ def floor_us(client: Any, count: int, users: int) -> float:
 
 async def fill(url: str, rule: Rule, identities: int) -> None:
     limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
-    args = [rule_args(rule)]
+    args = [rule_spec(rule)]
     batch = 500
     for start in range(0, identities, batch):
         calls = [limiter.decide(args, [state_key("rlgw", "api", rule.name, identity_token([f"u{i}".encode()]))],
                                 [1]) for i in range(start, min(start + batch, identities))]
         await asyncio.gather(*calls)
     limiter.runner.close()
+
+
+ROUNDS = 7
+CORES = sorted(os.sched_getaffinity(0))
+
+
+def pin(proc: RedisProcess) -> None:
+    """redis-server on the last core, this process on the others (when there are two or more)."""
+    if len(CORES) >= 2 and proc.process is not None:
+        os.sched_setaffinity(proc.process.pid, {CORES[-1]})
+        os.sched_setaffinity(0, set(CORES[:-1]))
 
 
 def measure(version: str, binary: str, decisions_n: int, identities: int) -> dict[str, float]:
@@ -104,13 +128,17 @@ def measure(version: str, binary: str, decisions_n: int, identities: int) -> dic
     try:
         client = proc.client()
         asyncio.run(decisions(proc.url, 2000, 1000))  # load the script, warm up
-        rounds = []
-        for _ in range(5):  # the median of five: other work on a small machine skews single runs
+        # Redis on one core, this process on the other; decision and floor rounds taken in turn so
+        # that both see the same machine, and the median of seven (a shared host skews single runs)
+        pin(proc)
+        rounds, floors = [], []
+        for _ in range(ROUNDS):
             client.config_resetstat()
-            asyncio.run(decisions(proc.url, decisions_n // 5, 5000))
+            asyncio.run(decisions(proc.url, decisions_n // ROUNDS, 5000))
             rounds.append(float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
-        out["cpu_us_per_decision"] = sorted(rounds)[2]
-        out["floor_us"] = sorted(floor_us(client, decisions_n // 5, 5000) for _ in range(5))[2]
+            floors.append(floor_us(client, decisions_n // ROUNDS, 5000))
+        out["cpu_us_per_decision"] = statistics.median(rounds)
+        out["floor_us"] = statistics.median(floors)
         for name, rule in O1_RULES.items():
             client.flushall()
             before = client.info("memory")["used_memory"]
@@ -124,10 +152,53 @@ def measure(version: str, binary: str, decisions_n: int, identities: int) -> dic
     return out
 
 
+def instructions_per_call(binary: str, work: Callable[[str, int], None]) -> float:
+    """Instructions redis-server executes per call of `work`, counted by callgrind: the difference
+    between a run of 2,500 calls and one of 500 (start-up and shutdown cancel out). Unlike time,
+    the count does not move with the host's load."""
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (500, 2500):
+            port = free_port()
+            out = Path(tmp) / f"callgrind.{n}"
+            proc = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+                                     "--port", str(port), "--save", "", "--appendonly", "no"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            client = redis.Redis(port=port)
+            for _ in range(600):
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.1)
+            work(f"redis://127.0.0.1:{port}", n)
+            client.close()
+            proc.terminate()
+            proc.wait()
+            found = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+            assert found, "no callgrind totals"
+            counts.append(int(found.group(1)))
+    return (counts[1] - counts[0]) / 2000
+
+
+def count_instructions(binary: str) -> dict[str, float]:
+    def decide(url: str, n: int) -> None:
+        asyncio.run(decisions(url, n, 250))
+
+    def floor(url: str, n: int) -> None:
+        client = redis.Redis.from_url(url)
+        floor_us(client, n, 250)
+        client.close()
+
+    return {"decision": instructions_per_call(binary, decide), "floor": instructions_per_call(binary, floor)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decisions", type=int, default=50_000)
     parser.add_argument("--identities", type=int, default=100_000)
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count Redis's instructions per decision under callgrind (slow: a minute)")
     args = parser.parse_args()
     results = {version: measure(version, binary, args.decisions, args.identities)
                for version, binary in sorted(binaries().items())}
@@ -141,6 +212,12 @@ def main() -> None:
     for name in O1_RULES:
         row = " | ".join(f"{results[v][f'bytes_per_key:{name}']:.0f}" for v in versions)
         print(f"| memory per identity, `{name}`, bytes | {row} | <= 130 |")
+    if args.instructions and shutil.which("valgrind"):
+        counted = {version: count_instructions(binary) for version, binary in sorted(binaries().items())}
+        row = " | ".join(f"{counted[v]['decision'] / 1000:.1f}k" for v in versions)
+        print(f"| redis-server instructions per 3-rule decision (callgrind) | {row} | |")
+        row = " | ".join(f"{counted[v]['floor'] / 1000:.1f}k" for v in versions)
+        print(f"| the same for the floor (callgrind) | {row} | |")
 
 
 if __name__ == "__main__":
