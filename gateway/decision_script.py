@@ -98,10 +98,11 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
 
 def _rule(i: int, spec: RuleSpec, peek: str) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
-    if algorithm in ("token_bucket", "gcra"):
-        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2)
-    if algorithm == "leaky_bucket":
-        return FRAGMENTS["leaky_bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2)
+    if algorithm in BUCKET_ALGORITHMS:
+        _, most_ahead = _most_and_longest(spec)
+        read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=most_ahead).rstrip("\n")
+        name = "leaky_bucket" if algorithm == "leaky_bucket" else "bucket"
+        return FRAGMENTS[name].substitute(i=i, burst=p1, step=p2, span=p1 * p2, read_state=read)
     if algorithm == "quota" and p2 == 0:
         return FRAGMENTS["quota"].substitute(i=i, limit=p1)
     if algorithm in ("fixed_window", "quota"):

@@ -53,24 +53,7 @@ local a@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
   local ok, retry, wait = false, -1, 0
-  local tat = 0
-  if v then
-    tat = tonumber(v) or 0
-    if tat < 1000 then
-      if EXPIRY_HOLDS_TIME then
-        local at = call('PEXPIRETIME', key)
-        tat = at > 0 and at * 1000 - tat or 0
-      else
-        tat = 0
-      end
-    end
-  end
-  if tat < now then
-    tat = now
-  elseif tat > now + @span then
-    tat = now + @span                  -- from the future: used up now, full again within the burst
-    f@i = tat
-  end
+@read_state
   local ahead = tat - now
   local remaining, reset = floor((@span - ahead) / @step), ahead
   if cost <= @burst then
@@ -94,6 +77,24 @@ local a@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
   local ok, retry, wait = false, -1, 0
+@read_state
+  local ahead = tat - now
+  local remaining, reset = floor((@span - ahead) / @step) + 1, ahead
+  if cost - 1 <= @burst then
+    local need = ahead + (cost - 1) * @step - @span
+    if need <= 0 then
+      ok, wait = true, ahead
+      ahead = ahead + cost * @step
+      remaining = floor((@span - ahead) / @step) + 1
+      reset = ahead
+      if cost > 0 then a@i = now + ahead end
+    else
+      retry = need
+    end
+  end
+
+--@@ bucket_read
+  -- the time the bucket is full again (the queue empty), no earlier than now
   local tat = 0
   if v then
     tat = tonumber(v) or 0
@@ -108,23 +109,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   end
   if tat < now then
     tat = now
-  elseif tat > now + @span + @step then
-    tat = now + @span + @step          -- from the future: full now, empty again within the queue
+  elseif tat > now + @most_ahead then
+    tat = now + @most_ahead            -- from the future: used up now, free again within @most_ahead µs
     f@i = tat
-  end
-  local ahead = tat - now
-  local remaining, reset = floor((@span - ahead) / @step) + 1, ahead
-  if cost - 1 <= @burst then
-    local need = ahead + (cost - 1) * @step - @span
-    if need <= 0 then
-      ok, wait = true, ahead
-      ahead = ahead + cost * @step
-      remaining = floor((@span - ahead) / @step) + 1
-      reset = ahead
-      if cost > 0 then a@i = now + ahead end
-    else
-      retry = need
-    end
   end
 
 --@@ bucket_write
