@@ -25,6 +25,8 @@ MAX_NODES = 200_000
 MAX_DEPTH = 40
 MAX_COST = 1_000_000_000
 MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
+MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
+MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
 
 ALGORITHMS = (
     "fixed_window", "sliding_window", "sliding_log",
@@ -710,6 +712,11 @@ def _rule(
     if any(v is None for v in values.values()) or any(p not in m for p in needed):
         return None
     rule = Rule(name=name, by=tuple(by), algorithm=algorithm, **values)
+    if rule.window and not MIN_WINDOW <= rule.window <= MAX_SPAN:
+        field = "period" if rule.algorithm == "quota" else "window"
+        r.problem(m.get(field), f"{key}.{field}", "must be from 1ms to 100 years")
+    if rule.algorithm in BUCKET_ALGORITHMS and rule.burst / rule.rate > MAX_SPAN:
+        r.problem(m.get("rate"), f"{key}.rate", "refills the burst too slowly: burst / rate must be at most 100 years")
     if rule.cost > rule.capacity:
         message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
         r.problem(m.get("cost"), f"{key}.cost", message)

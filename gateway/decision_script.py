@@ -13,7 +13,7 @@ import re
 from string import Template
 from typing import NamedTuple
 
-from gateway.config import BUCKET_ALGORITHMS, Rule
+from gateway.config import BUCKET_ALGORITHMS, MAX_RULES, Rule
 from gateway.scripts import Script, read_script
 
 EXACT = 2**53  # Lua numbers are doubles: integers below this are exact
@@ -66,6 +66,8 @@ def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
 def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
     """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout."""
     n = len(specs)
+    if n > MAX_RULES:  # Lua allows 200 locals per function: 32 rules use at most 141
+        raise ValueError(f"at most {MAX_RULES} rules per script")
     slots: list[tuple[int, int]] = []
     index = 2
     for spec in specs:

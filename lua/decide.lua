@@ -98,6 +98,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local tat = 0
   if v then
     tat = tonumber(v) or 0
+    if not (tat >= 0 and tat < 4e18) then tat = 0 end   -- not ours (nan, inf, negative): as absent
     if tat < 1000 then
       if EXPIRY_HOLDS_TIME then
         local at = call('PEXPIRETIME', key)
@@ -135,6 +136,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
   local ok, retry, wait = false, -1, 0
   local count = v and tonumber(v) or 0
+  if not (count >= 0 and count < 9e15) then count = 0 end   -- not ours (nan, negative): as absent
+  count = ceil(count)
   local stop = (floor(now / @window) + 1) * @window
   local reset = stop - now
   local last_ms = ceil(stop / 1000) - 1  -- the window's last millisecond: the count is gone at `stop`
@@ -162,14 +165,20 @@ local a@i, b@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local v, cost = values[@i], tonumber(ARGV[@i])
   local ok, retry, wait, reset = false, -1, 0, -1
-  local count = v and tonumber(v) or nil
-  local numeric = count ~= nil
-  if not numeric then count = 0 end
+  local count, whole = v and tonumber(v) or 0, false
+  if not (count >= 0 and count < 9e15) then
+    count = 0                            -- not ours (nan, negative): as absent
+  else
+    whole = v and string.find(v, '^%d+$')  -- INCRBY takes it; anything else is rewritten
+    count = ceil(count)
+  end
   local remaining = @limit - count
   if cost <= @limit and count + cost <= @limit then
     ok = true
     remaining = @limit - count - cost
-    if cost > 0 then a@i, b@i = ARGV[@i], numeric end
+    if cost > 0 then
+      if whole then a@i, b@i = ARGV[@i], true else a@i, b@i = fmt('%d', count + cost), false end
+    end
   end
 
 --@@ quota_write
@@ -194,7 +203,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local rel, sc, sp = nil, 0, 0
   if v then
     local num = tonumber(v)
-    if num then
+    if num and not (num >= 0 and num < 9e15 and num == floor(num)) then
+      -- not ours (nan, negative, fractional): as absent
+    elseif num then
       local w4 = num % 4
       num = (num - w4) / 4
       local s = floor((sqrt(8 * num + 1) - 1) / 2)
@@ -373,8 +384,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   elseif wait > delay and not @shadow then
     delay = wait
   end
-  if remaining < 0 then remaining = 0 elseif remaining > @most then remaining = @most end
-  local rs = reset < 0 and 0 or ceil(reset / 1000) + 1
+  if not (remaining >= 0) then remaining = 0 elseif remaining > @most then remaining = @most end
+  remaining = floor(remaining)
+  local rs = reset >= 0 and ceil(reset / 1000) + 1 or 0
   @reply
 end
 

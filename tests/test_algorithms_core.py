@@ -283,3 +283,54 @@ def test_a_rule_without_an_identity_sits_out_of_the_routes_script(engine: Engine
     assert engine.client.exists(keys[1]) == 0
     assert engine.decide([a, b, c], keys, [1, 1, None]).admitted  # b takes part now, c sits out
     assert len(engine.limiter.scripts) == 1  # one script for the route, whoever sits out
+
+
+@pytest.mark.parametrize("limit", [1000, 2**24], ids=["packed state", "string state"])
+def test_thirty_two_sliding_windows_fit_in_one_script(engine: Engine, limit: int) -> None:
+    rules = [Rule(f"w{i}", (), "sliding_window", limit=limit, window=10.0) for i in range(MAX_RULES)]
+    keys = [key() for _ in rules]
+    engine.at(T0)
+    for expected in (limit - 3, limit - 6):
+        decision = engine.decide(rules, keys, [3] * MAX_RULES)
+        assert decision.admitted and {s.remaining for s in decision.rules} == {expected}
+
+
+def test_a_fractional_count_written_by_someone_else_reports_whole_units(engine: Engine) -> None:
+    rule = Rule("q", (), "quota", limit=5)
+    k = key()
+    engine.client.set(k, "2.5")
+    engine.at(T0)
+    decision = engine.decide([rule], [k], [1])  # counted as 3 used: never more than the limit
+    assert decision.admitted and decision.rules[0].remaining == 1
+    assert decision.rules[0].outcome is Outcome.ADMITS
+    assert engine.decide([rule], [k], [1]).admitted
+    refused = engine.decide([rule], [k], [1])
+    assert not refused.admitted and refused.rules[0].outcome is Outcome.NEVER_FITS
+
+
+GARBAGE = ["2.5", "-3", "abc", "nan", "inf", "1e3", "99999999999999999999", ""]
+
+
+@pytest.mark.parametrize("rule", [
+    Rule("r", (), "fixed_window", limit=5, window=10.0),
+    Rule("r", (), "sliding_window", limit=5, window=10.0),
+    Rule("r", (), "sliding_log", limit=5, window=10.0),
+    Rule("r", (), "token_bucket", rate=1.0, burst=5),
+    Rule("r", (), "gcra", rate=1.0, burst=5),
+    Rule("r", (), "leaky_bucket", rate=1.0, burst=5),
+    Rule("r", (), "quota", limit=5, window=60.0),
+    Rule("r", (), "quota", limit=5),
+], ids=lambda r: f"{r.algorithm}{'/period' if r.algorithm == 'quota' and r.window else ''}")
+def test_a_key_holding_something_else_never_breaks_a_decision(engine: Engine, rule: Rule) -> None:
+    """Whatever an operator or another tool left under a key: an answer within the rule's bounds,
+    never a script error (which would count against the Redis breaker shared by every route)."""
+    engine.at(T0)
+    for value in GARBAGE:
+        k = key()
+        engine.client.set(k, value)
+        for _ in range(3):
+            decision = engine.decide([rule], [k], [1])
+            state = decision.rules[0]
+            assert 0 <= state.remaining <= rule.capacity, (value, decision)
+            assert -1 <= state.reset_ms <= 10_000 * 6, (value, decision)
+            assert decision.admitted or decision.retry_after_ms is None or 0 <= decision.retry_after_ms <= 60_000
