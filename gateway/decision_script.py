@@ -1,9 +1,10 @@
-"""One decision script per combination of rules, written from the fragments of lua/decide.lua.
+"""One decision script per route (and a read-only one per rule, for the admin port), written from
+the fragments of lua/decide.lua.
 
 Each rule's algorithm and parameters become constants of the script, so a call sends its keys and
 its costs and nothing else, and Redis runs straight-line code for exactly those rules. The reply is
-packed into one integer per rule where the numbers fit (see lua/decide.lua's header), and unpacked
-here into a `Decision`.
+packed into one integer per rule where the numbers fit (see lua/decide.lua's header) and unpacked
+by gateway.limiter into a `Decision`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ class _Dollar(Template):
 
 def _fragments() -> dict[str, _Dollar]:
     parts = re.split(r"^--@@ (\w+)\n", read_script("decide"), flags=re.MULTILINE)
-    return {name: _Dollar(body.rstrip() + "\n") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    out = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        code = [line for line in body.rstrip().split("\n") if not line.lstrip().startswith("--")]
+        out[name] = _Dollar("\n".join(code) + "\n")  # whole-line comments stay in the source
+    return out
 
 
 FRAGMENTS = _fragments()
