@@ -137,7 +137,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ok, retry, wait = false, -1, 0
   local count = v and tonumber(v) or 0
   if not (count >= 0 and count < 9e15) then count = 0 end   -- not ours (nan, negative): as absent
-  count = ceil(count)
+  if count % 1 ~= 0 then count = ceil(count) end
   local stop = (floor(now / @window) + 1) * @window
   local reset = stop - now
   local last_ms = ceil(stop / 1000) - 1  -- the window's last millisecond: the count is gone at `stop`
@@ -165,28 +165,27 @@ local a@i, b@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local v, cost = values[@i], tonumber(ARGV[@i])
   local ok, retry, wait, reset = false, -1, 0, -1
-  local count, whole = v and tonumber(v) or 0, false
-  if not (count >= 0 and count < 9e15) then
-    count = 0                            -- not ours (nan, negative): as absent
-  else
-    whole = v and string.find(v, '^%d+$')  -- INCRBY takes it; anything else is rewritten
-    count = ceil(count)
+  local count = v and tonumber(v)
+  local add = count ~= nil               -- INCRBY the count, or SET it where the value is not ours
+  if not count then
+    count = 0
+  elseif not (count >= 0 and count < 9e15) then
+    count, add = 0, false                -- nan, negative: as absent
+  elseif count % 1 ~= 0 then
+    count, add = ceil(count), false
   end
   local remaining = @limit - count
   if cost <= @limit and count + cost <= @limit then
     ok = true
     remaining = @limit - count - cost
-    if cost > 0 then
-      if whole then a@i, b@i = ARGV[@i], true else a@i, b@i = fmt('%d', count + cost), false end
-    end
+    if cost > 0 then a@i, b@i = count + cost, add end
   end
 
 --@@ quota_write
   if a@i then
-    if b@i then
-      call('INCRBY', KEYS[@i], a@i)
-    else
-      call('SET', KEYS[@i], a@i)
+    -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
+    if not b@i or type(redis.pcall('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
+      call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
 
@@ -203,7 +202,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local rel, sc, sp = nil, 0, 0
   if v then
     local num = tonumber(v)
-    if num and not (num >= 0 and num < 9e15 and num == floor(num)) then
+    if num and not (num >= 0 and num < 9e15 and num % 1 == 0) then
       -- not ours (nan, negative, fractional): as absent
     elseif num then
       local w4 = num % 4
@@ -385,7 +384,6 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     delay = wait
   end
   if not (remaining >= 0) then remaining = 0 elseif remaining > @most then remaining = @most end
-  remaining = floor(remaining)
   local rs = reset >= 0 and ceil(reset / 1000) + 1 or 0
   @reply
 end
