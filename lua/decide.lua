@@ -36,12 +36,14 @@
 -- within one window or burst period (a repair write, done whatever the outcome, never when peeking).
 
 --@@ head
-local call = redis.call
-local tonumber, floor, ceil, sqrt = tonumber, math.floor, math.ceil, math.sqrt
+local call, try, KEYS, ARGV = redis.call, redis.pcall, KEYS, ARGV
+local tonumber, type, floor, ceil, sqrt = tonumber, type, math.floor, math.ceil, math.sqrt
 local fmt = string.format
 local t = call('TIME')
 local now = t[1] * 1000000 + t[2]
-local now_ms = floor(now / 1000)
+-- integer division by arithmetic, not math.floor/ceil: a library call costs more than the line
+-- around it. For integers x and d: floor(x / d) = (x - x % d) / d, ceil(x / d) = (x + (-x) % d) / d
+local now_ms = (now - now % 1000) / 1000
 local EXPIRY_HOLDS_TIME = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 local values = call('MGET', @keys)   -- false for a missing key (or one that is not a string)
 local out = {@slots}
@@ -55,13 +57,15 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ok, retry, wait = false, -1, 0
 @read_state
   local ahead = tat - now
-  local remaining, reset = floor((@span - ahead) / @step), ahead
+  local room = @span - ahead
+  local remaining, reset = (room - room % @step) / @step, ahead
   if cost <= @burst then
     local need = ahead + cost * @step - @span
     if need <= 0 then
       ok = true
       ahead = ahead + cost * @step
-      remaining = floor((@span - ahead) / @step)
+      room = @span - ahead
+      remaining = (room - room % @step) / @step
       reset = ahead
       if cost > 0 then a@i = now + ahead end
     else
@@ -79,13 +83,15 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ok, retry, wait = false, -1, 0
 @read_state
   local ahead = tat - now
-  local remaining, reset = floor((@span - ahead) / @step) + 1, ahead
+  local room = @span - ahead
+  local remaining, reset = (room - room % @step) / @step + 1, ahead
   if cost - 1 <= @burst then
     local need = ahead + (cost - 1) * @step - @span
     if need <= 0 then
       ok, wait = true, ahead
       ahead = ahead + cost * @step
-      remaining = floor((@span - ahead) / @step) + 1
+      room = @span - ahead
+      remaining = (room - room % @step) / @step + 1
       reset = ahead
       if cost > 0 then a@i = now + ahead end
     else
@@ -118,7 +124,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 --@@ bucket_write
   if @value then
     -- a bucket's time in µs: the key expires at it (rounded up to the millisecond)
-    local at = ceil(@value / 1000)
+    local at = (@value + (-@value) % 1000) / 1000
     if EXPIRY_HOLDS_TIME then
       call('SET', KEYS[@i], fmt('%d', at * 1000 - @value), 'PXAT', fmt('%d', at))
     else
@@ -138,9 +144,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local count = v and tonumber(v) or 0
   if not (count >= 0 and count < 9e15) then count = 0 end   -- not ours (nan, negative): as absent
   if count % 1 ~= 0 then count = ceil(count) end
-  local stop = (floor(now / @window) + 1) * @window
+  local stop = now - now % @window + @window
   local reset = stop - now
-  local last_ms = ceil(stop / 1000) - 1  -- the window's last millisecond: the count is gone at `stop`
+  local last_ms = (stop + (-stop) % 1000) / 1000 - 1  -- the window's last millisecond: gone at `stop`
   local remaining = @limit - count
   if cost <= @limit then
     if count + cost <= @limit then
@@ -184,7 +190,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 --@@ quota_write
   if a@i then
     -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
-    if not b@i or type(redis.pcall('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
+    if not b@i or type(try('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
       call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
@@ -196,9 +202,10 @@ local a@i, b@i, f@i, g@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
   local ok, retry, wait = false, -1, 0
-  local wid = floor(now / @window)
-  local elapsed = now - wid * @window
-  local last_ms = ceil((wid + 2) * @window / 1000) - 1   -- counts matter until the next window ends
+  local elapsed = now % @window
+  local wid = (now - elapsed) / @window
+  local stop = (wid + 2) * @window
+  local last_ms = (stop + (-stop) % 1000) / 1000 - 1   -- counts matter until the next window ends
   local rel, sc, sp = nil, 0, 0
   if v then
     local num = tonumber(v)
@@ -249,8 +256,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     if not future then break end
   end
   local avail = room + cost * @window
-  local remaining = floor(avail / @window)
-  if remaining * @window > avail then remaining = remaining - 1 end
+  local remaining = (avail - avail % @window) / @window
   local reset = @window - elapsed
   if cost <= @limit then
     if room >= 0 then
@@ -384,14 +390,14 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     delay = wait
   end
   if not (remaining >= 0) then remaining = 0 elseif remaining > @most then remaining = @most end
-  local rs = reset >= 0 and ceil(reset / 1000) + 1 or 0
+  local rs = reset >= 0 and (reset + (-reset) % 1000) / 1000 + 1 or 0
   @reply
 end
 
 --@@ tail
 if refused then
-  out[1] = ((worst < 0 and 0 or ceil(worst / 1000) + 1) * 256 + by) * 2
+  out[1] = ((worst < 0 and 0 or (worst + (-worst) % 1000) / 1000 + 1) * 256 + by) * 2
 else
-  out[1] = ceil(delay / 1000) * 2 + 1
+  out[1] = (delay + (-delay) % 1000) / 1000 * 2 + 1
 end
 return out
