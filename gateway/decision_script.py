@@ -74,24 +74,25 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
     if n > MAX_RULES:  # Lua allows 200 locals per function: 32 rules use at most 141
         raise ValueError(f"at most {MAX_RULES} rules per script")
     slots: list[tuple[int, int]] = []
+    mosts: list[int] = []
     index = 2
     for spec in specs:
         most, longest = _most_and_longest(spec)
         radix = math.ceil(longest / 1000) + 2 if longest >= 0 else 1
         packed = ((most + 1) * radix) * 4 < EXACT
         slots.append((index - 1, radix if packed else 0))
+        mosts.append(most)
         index += 1 if packed else 2
-    lua = "true" if peek else "false"
+    peek_lua = "true" if peek else "false"
     parts = [FRAGMENTS["head"].substitute(
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
         slots=", ".join("0" for _ in range(index - 1)),
     )]
-    for i, (spec, (at0, radix)) in enumerate(zip(specs, slots, strict=True), start=1):
-        most, _ = _most_and_longest(spec)
+    for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         at = at0 + 1
         reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
-        parts.append(_rule(i, spec, lua))
+        parts.append(_rule(i, spec, peek_lua))
         parts.append(FRAGMENTS["verdict"].substitute(
             i=i, shadow="true" if spec.shadow else "false", most=most, reply=reply))
     if not peek:
@@ -108,8 +109,8 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
     if algorithm in BUCKET_ALGORITHMS:
         _, most_ahead = _most_and_longest(spec)
         read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=most_ahead).rstrip("\n")
-        name = "leaky_bucket" if algorithm == "leaky_bucket" else "bucket"
-        return FRAGMENTS[name].substitute(i=i, burst=p1, step=p2, span=p1 * p2, read_state=read)
+        queue = 1 if algorithm == "leaky_bucket" else 0
+        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2, queue=queue, read_state=read)
     if algorithm == "quota" and p2 == 0:
         return FRAGMENTS["quota"].substitute(i=i, limit=p1)
     if algorithm in ("fixed_window", "quota"):

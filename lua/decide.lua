@@ -50,7 +50,10 @@ local out = {@slots}
 local refused, by, worst, delay = false, 0, 0, 0
 
 --@@ bucket
--- token_bucket, gcra: burst @burst, one request every @step µs; state = the time it is full again
+-- token_bucket, gcra (@queue = 0): burst @burst, one request every @step µs; state = the time the
+-- bucket is full again. leaky_bucket (@queue = 1): a queue of @burst behind the one leaving, one
+-- departure every @step µs; state = the time the queue is empty. A request of cost c takes c
+-- departure slots and leaves at the first (wait = ahead).
 local a@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
@@ -58,40 +61,14 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 @read_state
   local ahead = tat - now
   local room = @span - ahead
-  local remaining, reset = (room - room % @step) / @step, ahead
-  if cost <= @burst then
-    local need = ahead + cost * @step - @span
+  local remaining, reset = (room - room % @step) / @step + @queue, ahead
+  if cost - @queue <= @burst then
+    local need = ahead + (cost - @queue) * @step - @span
     if need <= 0 then
-      ok = true
+      ok, wait = true, ahead * @queue
       ahead = ahead + cost * @step
       room = @span - ahead
-      remaining = (room - room % @step) / @step
-      reset = ahead
-      if cost > 0 then a@i = now + ahead end
-    else
-      retry = need
-    end
-  end
-
---@@ leaky_bucket
--- leaky_bucket: a queue of @burst behind the one leaving, one departure every @step µs;
--- state = the time the queue is empty. A request of cost c takes c departure slots and leaves at
--- the first (wait = ahead).
-local a@i, f@i
-if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
-  local ok, retry, wait = false, -1, 0
-@read_state
-  local ahead = tat - now
-  local room = @span - ahead
-  local remaining, reset = (room - room % @step) / @step + 1, ahead
-  if cost - 1 <= @burst then
-    local need = ahead + (cost - 1) * @step - @span
-    if need <= 0 then
-      ok, wait = true, ahead
-      ahead = ahead + cost * @step
-      room = @span - ahead
-      remaining = (room - room % @step) / @step + 1
+      remaining = (room - room % @step) / @step + @queue
       reset = ahead
       if cost > 0 then a@i = now + ahead end
     else
