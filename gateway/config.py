@@ -54,12 +54,22 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
+class UpstreamTls:
+    ca: str | None = None       # PEM file of the CAs to trust (default: the system's)
+    cert: str | None = None     # client certificate (PEM) for mutual TLS ...
+    key: str | None = None      # ... and its private key
+    verify: bool = True
+
+
+@dataclass(frozen=True)
 class Upstream:
     name: str
     url: str
     timeout: float = 10.0
     connect_timeout: float = 1.0
     max_connections: int = 512
+    http2: bool = False
+    tls: UpstreamTls | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,7 @@ class Route:
     path: str
     methods: frozenset[str] | None
     host: str | None
-    upstream: Upstream
+    upstream: Upstream | None  # None only where the middleware guards an app in-process
     limits: tuple[Rule, ...]
     failure_mode: str = "open"
     headers: str = "draft"
@@ -149,7 +159,8 @@ _MISSING = object()
 class _Reader:
     """Walks the YAML node tree, typing values and collecting problems with their lines."""
 
-    def __init__(self, file: str, env: Mapping[str, str]) -> None:
+    def __init__(self, file: str, env: Mapping[str, str], proxy: bool = True) -> None:
+        self.proxy = proxy  # False: rules guarding an app in-process (routes need no upstream)
         self.file = file
         self.env = env
         self.problems: list[ConfigProblem] = []
@@ -278,8 +289,10 @@ def _check_shape(node: yaml.Node, reader: _Reader) -> bool:
     return True
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate one routes.yaml. Raises ConfigError listing every problem."""
+def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: bool = True) -> Config:
+    """Read and validate one routes.yaml. Raises ConfigError listing every problem.
+
+    proxy=False: for the in-process middleware, where routes need no upstream (SPEC section 6)."""
     file = str(path)
     try:
         with open(path, "rb") as handle:
@@ -288,11 +301,11 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         raise ConfigError([ConfigProblem(file, 0, "(file)", f"cannot read: {exc.strerror}")]) from exc
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError([ConfigProblem(file, 0, "(file)", "larger than 4 MiB")])
-    return parse_config(data, file, os.environ if env is None else env)
+    return parse_config(data, file, os.environ if env is None else env, proxy)
 
 
-def parse_config(data: bytes | str, file: str, env: Mapping[str, str]) -> Config:
-    reader = _Reader(file, env)
+def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bool = True) -> Config:
+    reader = _Reader(file, env, proxy)
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -470,7 +483,8 @@ def _jwt(node: yaml.Node | None, r: _Reader) -> JwtSettings:
 
 def _upstreams(node: yaml.Node | None, r: _Reader, root: yaml.Node) -> dict[str, Upstream]:
     if node is None:
-        r.problem(root, "upstreams", "is required (at least one upstream)")
+        if r.proxy:
+            r.problem(root, "upstreams", "is required (at least one upstream)")
         return {}
     if not isinstance(node, yaml.MappingNode):
         r.problem(node, "upstreams", "must be a mapping of name -> upstream")
@@ -481,7 +495,7 @@ def _upstreams(node: yaml.Node | None, r: _Reader, root: yaml.Node) -> dict[str,
         if name is None:
             continue
         key = f"upstreams.{name}"
-        m = r.mapping(vnode, key, ("url", "timeout", "connect_timeout", "max_connections"))
+        m = r.mapping(vnode, key, ("url", "timeout", "connect_timeout", "max_connections", "http2", "tls"))
         if m is None:
             continue
         if "url" not in m:
@@ -497,8 +511,32 @@ def _upstreams(node: yaml.Node | None, r: _Reader, root: yaml.Node) -> dict[str,
             values["connect_timeout"] = r.duration(m["connect_timeout"], f"{key}.connect_timeout") or 1.0
         if "max_connections" in m:
             values["max_connections"] = r.integer(m["max_connections"], f"{key}.max_connections", 1, 100_000) or 512
+        if "http2" in m:
+            values["http2"] = bool(r.boolean(m["http2"], f"{key}.http2"))
+            if values["http2"] and not url.startswith("https://"):
+                r.problem(m["http2"], f"{key}.http2", "HTTP/2 to an upstream needs an https:// url (ALPN)")
+        if "tls" in m:
+            values["tls"] = _tls(m["tls"], f"{key}.tls", r)
+            if not url.startswith("https://"):
+                r.problem(m["tls"], f"{key}.tls", "tls settings need an https:// url")
         out[name] = Upstream(name=name, url=url.rstrip("/"), **values)
     return out
+
+
+def _tls(node: yaml.Node, key: str, r: _Reader) -> UpstreamTls | None:
+    m = r.mapping(node, key, ("ca", "cert", "key", "verify"))
+    if m is None:
+        return None
+    files: dict[str, str | None] = {}
+    for name in ("ca", "cert", "key"):
+        files[name] = r.string(m[name], f"{key}.{name}") if name in m else None
+        path = files[name]
+        if path and not os.path.isfile(path):
+            r.problem(m[name], f"{key}.{name}", f"no such file: {path}")
+    if (files["cert"] is None) != (files["key"] is None):
+        r.problem(node, key, "cert and key go together (a client certificate and its private key)")
+    verify = r.boolean(m["verify"], f"{key}.verify") if "verify" in m else True
+    return UpstreamTls(ca=files["ca"], cert=files["cert"], key=files["key"], verify=verify is not False)
 
 
 def path_params(template: str) -> list[str]:
@@ -544,10 +582,11 @@ def _route(
     m = r.mapping(node, key, ROUTE_KEYS)
     if m is None:
         return None
-    for required in ("name", "match", "upstream"):
-        if required not in m:
-            r.problem(node, f"{key}.{required}", "is required")
-    if "name" not in m or "match" not in m or "upstream" not in m:
+    required = ("name", "match", "upstream") if r.proxy else ("name", "match")
+    for needed in required:
+        if needed not in m:
+            r.problem(node, f"{key}.{needed}", "is required")
+    if any(needed not in m for needed in required):
         return None
     name = r.name(m["name"], f"{key}.name")
     key = f"{key}({name})" if name else key
@@ -572,7 +611,7 @@ def _route(
             methods = frozenset(found)
         if "host" in match:
             host = (r.string(match["host"], f"{key}.match.host") or "").lower() or None
-    upstream_name = r.string(m["upstream"], f"{key}.upstream")
+    upstream_name = r.string(m["upstream"], f"{key}.upstream") if "upstream" in m else None
     upstream = upstreams.get(upstream_name or "")
     if upstream is None and upstream_name is not None:
         known = ", ".join(sorted(upstreams)) or "none defined"
@@ -596,7 +635,7 @@ def _route(
                 r.problem(rnode, f"{key}.limits[{j}].name", f"rule '{rule.name}' is defined twice")
             rule_names.add(rule.name)
             rules.append(rule)
-    if name is None or upstream is None:
+    if name is None or (upstream is None and r.proxy):
         return None
     return Route(
         name=name,

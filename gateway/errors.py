@@ -4,14 +4,17 @@
     ├── ConfigError          routes.yaml is wrong; carries every problem found (file, line, key)
     ├── RedisUnavailable     Redis refused, timed out, went away, or the breaker is open
     ├── IdentityMissing      a rule's identity is absent from the request (on_missing: reject -> 400)
-    ├── BadRequest           the request cannot be served as sent (bad cost header, ...) -> 400
+    ├── BadRequest           the request cannot be served as sent (ambiguous framing, bad path,
+    │   │                    a repeated identity header, a bad cost header, ...) -> 400
+    │   ├── HeadTooLarge          request line and headers over the bound -> 431
+    │   └── NotImplementedRequest an Upgrade, CONNECT, a transfer-coding other than chunked -> 501
     └── UpstreamError        the upstream could not be reached or answered badly
         ├── UpstreamUnavailable   refused, reset or unreachable -> 502
         └── UpstreamTimeout       too slow -> 504
 
-Third-party errors (OSError, httptools, hiredis) are converted to these at one edge each:
-`redis_client.py` for Redis and `upstream_http.py` / `proxy.py` for the upstream. Nothing above those edges catches a
-library's own exception type.
+Third-party errors are converted to these at one edge each: redis-py's at the Redis runner, httpx's
+(which both upstream transports raise) in `proxy.py`. Nothing above those edges catches a library's
+own exception type.
 """
 
 from __future__ import annotations
@@ -52,7 +55,15 @@ class IdentityMissing(GatewayError):
 
 
 class BadRequest(GatewayError):
-    pass
+    status = 400
+
+
+class HeadTooLarge(BadRequest):
+    status = 431
+
+
+class NotImplementedRequest(BadRequest):
+    status = 501
 
 
 class UpstreamError(GatewayError):

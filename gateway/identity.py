@@ -17,6 +17,7 @@ import jwt as pyjwt
 
 from gateway.config import Config, JwtSettings, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
+from gateway.http.request import Request
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_XFF_HOPS = 32
@@ -100,46 +101,40 @@ class JwtVerifier:
 
 
 class RequestView:
-    """What identity sources read from one request, computed once and only on demand."""
+    """What identity sources read from one request (`gateway.http.request.Request`, already
+    stripped of hop-by-hop fields), computed once and only on demand."""
 
-    __slots__ = ("_claims", "_claims_done", "_cookies", "_headers", "_ip", "_query", "body_prefix",
-                 "config", "jwt", "params", "scope")
+    __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_prefix",
+                 "config", "jwt", "params", "request")
 
     def __init__(
-        self, scope: dict[str, Any], params: dict[str, str], config: Config, jwt: JwtVerifier | None
+        self, request: Request, params: dict[str, str], config: Config, jwt: JwtVerifier | None
     ) -> None:
-        self.scope = scope
+        self.request = request
         self.params = params
         self.config = config
         self.jwt = jwt
         self.body_prefix: bytes | None = None
-        self._headers: dict[bytes, bytes] | None = None
         self._query: dict[bytes, bytes] | None = None
         self._cookies: dict[bytes, bytes] | None = None
         self._ip: str | None = None
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
 
-    @property
-    def headers(self) -> dict[bytes, bytes]:
-        if self._headers is None:
-            found: dict[bytes, bytes] = {}
-            for name, value in self.scope["headers"]:
-                found.setdefault(name, value)
-            self._headers = found
-        return self._headers
+    def header(self, name: bytes) -> bytes | None:
+        """One header's value; BadRequest if it came more than once."""
+        return self.request.header(name)
 
     @property
     def ip(self) -> str:
         if self._ip is None:
-            client = self.scope.get("client")
-            peer = client[0] if client else "0.0.0.0"
-            self._ip = client_ip(peer, self.headers.get(b"x-forwarded-for"), self.config.trusted_proxies)
+            request = self.request
+            self._ip = client_ip(request.peer, request.forwarded_for, self.config.trusted_proxies)
         return self._ip
 
     def query(self, name: bytes) -> bytes | None:
         if self._query is None:
-            pairs = parse_qsl(self.scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            pairs = parse_qsl(self.request.query.decode("latin-1"), keep_blank_values=True)
             found: dict[bytes, bytes] = {}
             for k, v in pairs[:256]:
                 found.setdefault(k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape"))
@@ -149,7 +144,7 @@ class RequestView:
     def cookie(self, name: bytes) -> bytes | None:
         if self._cookies is None:
             found: dict[bytes, bytes] = {}
-            raw = self.headers.get(b"cookie", b"")
+            raw = self.header(b"cookie") or b""
             for piece in raw.split(b";")[:256]:
                 k, sep, v = piece.strip().partition(b"=")
                 if sep:
@@ -161,7 +156,7 @@ class RequestView:
         if not self._claims_done:
             self._claims_done = True
             if self.jwt is not None:
-                self._claims = self.jwt.claims(self.headers.get(self.jwt.settings.header.encode()))
+                self._claims = self.jwt.claims(self.header(self.jwt.settings.header.encode()))
         if self._claims is None:
             return None
         value = self._claims.get(name)
@@ -172,7 +167,7 @@ class RequestView:
     def read(self, source: Source) -> bytes | None:
         kind = source.kind
         if kind == "header":
-            return self.headers.get(source.name.encode("latin-1"))
+            return self.header(source.name.lower().encode("latin-1"))
         if kind == "ip":
             return self.ip.encode()
         if kind == "path":
@@ -183,17 +178,17 @@ class RequestView:
         if kind == "cookie":
             return self.cookie(source.name.encode("latin-1"))
         if kind == "method":
-            return str(self.scope["method"]).encode()
+            return self.request.method.encode()
         if kind == "jwt":
             return self.claim(source.name)
         if kind == "body":
             if self.body_prefix is None:
                 return None
-            length = self.headers.get(b"content-length", b"")
+            length = self.request.content_length
             digest = hashlib.blake2b(
                 self.body_prefix[: self.config.body_digest_max_bytes], digest_size=16
             )
-            digest.update(b"|" + length[:20])
+            digest.update(b"|" + (b"%d" % length if length is not None else b""))
             return digest.hexdigest().encode()
         raise AssertionError(kind)
 

@@ -1,29 +1,40 @@
 """Streams one admitted request to its upstream and the answer back, in constant memory.
 
-The HTTP/1.1 client underneath is `upstream_http` (httptools' parser on asyncio protocols). Its
-failures become `UpstreamUnavailable` (502) and `UpstreamTimeout` (504) before the response has
-started; after that the client connection is ended, never made to look complete.
+Every forwarded request is an `httpx.Request` handed to the upstream's httpx transport, and every
+answer an `httpx.Response` whose stream is passed on chunk by chunk. The transport is httpx's own
+`AsyncHTTPTransport` for `http2: true`, `tls:` and https upstreams, and `LeanTransport`
+(gateway/http/transport.py) for plain HTTP/1.1 — the same interface, the same tests.
+
+The gateway writes the framing of what it forwards: the request's Host, Content-Length or
+`Transfer-Encoding: chunked`, and X-Forwarded-*; the exact request target (the normalized path the
+route matched) goes in httpx's `target` extension, so no URL library re-quotes it.
+
+httpx's exceptions are converted here, at one edge: before the response has started they become
+UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connection is ended
+(`Forwarded.aborted`), never made to look complete.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import ssl
+from collections.abc import AsyncIterator
+from typing import NamedTuple
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.types import Receive, Send
 
 from gateway.config import Upstream
-from gateway.errors import UpstreamUnavailable
-from gateway.upstream_http import IDEMPOTENT, Connection, ConnectionPool, ResponseAborted, request_head
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.http.request import HOP_BY_HOP, Request
+from gateway.http.transport import LeanTransport
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
-})
+Headers = list[tuple[bytes, bytes]]
 
 BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+TRANSPORTS = ("lean", "httpx")
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class ClientDisconnected(Exception):
@@ -34,117 +45,145 @@ class ClientTooSlow(ClientDisconnected):
     """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
 
 
-def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Hop-by-hop names: the fixed set plus any named in the Connection header (names lowercase)."""
-    extra = [
-        token.strip().lower()
-        for name, value in headers
-        if name == b"connection"
-        for token in value.split(b",")
-    ]
-    return HOP_BY_HOP | frozenset(extra) if extra else HOP_BY_HOP
+class Forwarded(NamedTuple):
+    status: int
+    aborted: bool  # the response broke off after it had started: the client connection is ended
 
 
-class UpstreamPool:
-    """One keep-alive connection pool per upstream (opened on first use, inside the event loop)."""
+def make_transport(upstream: Upstream, kind: str = "lean") -> httpx.AsyncBaseTransport:
+    """httpx's transport where it is needed (HTTP/2, TLS) or asked for; else the lean one."""
+    if kind == "lean" and upstream.url.startswith("http://") and not upstream.http2:
+        return LeanTransport(upstream)
+    limits = httpx.Limits(max_connections=upstream.max_connections,
+                          max_keepalive_connections=upstream.max_connections, keepalive_expiry=15.0)
+    return httpx.AsyncHTTPTransport(verify=tls_context(upstream), http1=True, http2=upstream.http2,
+                                    limits=limits, retries=0)
 
-    def __init__(self, upstream: Upstream) -> None:
+
+def tls_context(upstream: Upstream) -> ssl.SSLContext:
+    tls = upstream.tls
+    context = ssl.create_default_context(cafile=tls.ca if tls else None)
+    if tls is not None:
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if tls.cert and tls.key:
+            context.load_cert_chain(tls.cert, tls.key)
+    return context
+
+
+class UpstreamClient:
+    """One upstream: its transport, and what every request to it shares."""
+
+    def __init__(self, upstream: Upstream, transport: str = "lean") -> None:
         self.upstream = upstream
-        self.pool: ConnectionPool | None = None
+        self.transport = make_transport(upstream, transport)
+        self.kind = transport
+        self.retries_stale = not isinstance(self.transport, LeanTransport)
+        parts = urlsplit(upstream.url)
+        self.url = httpx.URL(f"{parts.scheme}://{parts.netloc}/")
+        self.host_header = parts.netloc.encode("idna")
+        self.path_prefix = parts.path.rstrip("/").encode()
+        self.timeouts = {"connect": upstream.connect_timeout, "read": upstream.timeout,
+                         "write": upstream.timeout, "pool": upstream.connect_timeout}
 
     async def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        await self.transport.aclose()
 
     async def forward(
         self,
-        method: bytes,
-        target: bytes,
-        headers: list[tuple[bytes, bytes]],
+        request: Request,
         body: RequestBody | None,
         send: Send,
-        extra_response_headers: list[tuple[bytes, bytes]],
-    ) -> int:
-        """Forward and stream the response to `send`. Returns the upstream status, negated when
-        the response broke off after it had started.
+        extra_response_headers: Headers,
+        request_id: bytes,
+    ) -> Forwarded:
+        """Forward and stream the response to `send`.
 
         Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
         ClientDisconnected (ClientTooSlow) when the client's body stopped first.
         """
-        pool = self.pool
-        if pool is None:
-            pool = self.pool = ConnectionPool(self.upstream)
-        chunked = body is not None and not any(name == b"content-length" for name, _ in headers)
-        head = request_head(pool, method, target, headers, chunked)
-        head_only = method == b"HEAD"
-        while True:
-            conn = pool.take_idle() or await pool.connect()
-            conn.begin(head, head_only, self.upstream.timeout)
-            sender = None
-            if body is not None:
-                sender = asyncio.ensure_future(_send_body(conn, body, chunked))
-            try:
-                await conn.head  # type: ignore[misc]
-            except BaseException as exc:
-                if sender is not None and not sender.done():
-                    sender.cancel()
-                conn.close()
-                pool.release(conn)
-                if body is not None and body.failure is not None:
-                    raise body.failure from None
-                if (isinstance(exc, UpstreamUnavailable) and conn.served > 0 and not conn.got_bytes
-                        and body is None and method in IDEMPOTENT):
-                    continue  # the upstream closed a kept-alive connection as we reused it: once more
-                raise
-            break
+        target = self.path_prefix + request.raw_path
+        if request.query:
+            target += b"?" + request.query
+        outgoing = httpx.Request(
+            request.method, self.url, headers=self._headers(request, body, request_id),
+            stream=body if body is not None else _EMPTY, extensions={"target": target, "timeout": self.timeouts},
+        )
         try:
-            headers = conn.headers  # names lowercase
-            drop = hop_by_hop(headers) if any(name == b"connection" for name, _ in headers) else HOP_BY_HOP
-            out = [(k, v) for k, v in headers if k not in drop]
-            out.extend(extra_response_headers)
-            status = conn.status
-            await send({"type": "http.response.start", "status": status, "headers": out})
             try:
-                while True:
-                    chunk = await conn.read()
-                    if not chunk:
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
-                        break
-                    if conn.complete and not conn.chunks:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                        break
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except ResponseAborted:
-                return -status  # the server closes the client connection: the body is incomplete
-            return status
+                response = await self.transport.handle_async_request(outgoing)
+            except (httpx.RemoteProtocolError, httpx.ReadError):
+                if not self.retries_stale or body is not None or request.method not in IDEMPOTENT:
+                    raise
+                # httpcore reused a keep-alive connection the upstream had just closed: once more,
+                # as the lean transport does by itself (and nginx for idempotent requests)
+                response = await self.transport.handle_async_request(outgoing)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"upstream '{self.upstream.name}' did not answer in time: {exc}") from None
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(
+                f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
+        try:
+            status = response.status_code
+            assert isinstance(response.stream, httpx.AsyncByteStream)
+            await send({"type": "http.response.start", "status": status,
+                        "headers": _response_headers(response, extra_response_headers)})
+            try:
+                async for chunk in response.stream:
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.TransportError:
+                return Forwarded(status, aborted=True)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return Forwarded(status, aborted=False)
         finally:
-            if sender is not None and not sender.done():
-                sender.cancel()  # answered before the whole body was sent: the connection goes
-                conn.close()
-            pool.release(conn)
+            await response.aclose()
+
+    def _headers(self, request: Request, body: RequestBody | None, request_id: bytes) -> Headers:
+        headers: Headers = [(b"host", self.host_header), *request.headers]
+        peer = request.peer.encode()
+        xff = request.forwarded_for
+        headers.append((b"x-forwarded-for", xff + b", " + peer if xff else peer))
+        headers.append((b"x-forwarded-proto", b"https" if request.scheme == "https" else b"http"))
+        if request.host:
+            headers.append((b"x-forwarded-host", request.host))
+        headers.append((b"x-request-id", request_id))
+        if request.content_length is not None:
+            headers.append((b"content-length", b"%d" % request.content_length))
+        elif body is not None:
+            headers.append((b"transfer-encoding", b"chunked"))
+        return headers
 
 
-async def _send_body(conn: Connection, body: RequestBody, chunked: bool) -> None:
-    try:
-        async for chunk in body:
-            conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-            if conn.write_paused:
-                await conn.drain()
-        if chunked:
-            conn.write(b"0\r\n\r\n")
-    except ClientDisconnected as exc:
-        conn.fail(exc)
-    except OSError as exc:
-        conn.fail(UpstreamUnavailable(f"upstream '{conn.pool.name}' stopped taking the request body: {exc}"))
+def _response_headers(response: httpx.Response, extra: Headers) -> Headers:
+    raw = response.headers.raw
+    drop = HOP_BY_HOP
+    for name, value in raw:
+        if name.lower() == b"connection":
+            drop = drop | {t.strip().lower() for t in value.split(b",")}
+    if response.status_code == 204:
+        drop = drop | {b"content-length"}  # a 204 has no body, whatever the upstream says (RFC 9110 8.6)
+    out = [(name.lower(), value) for name, value in raw if name.lower() not in drop]
+    out.extend(extra)
+    return out
 
 
-class RequestBody:
+class _Empty(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        return
+        yield b""  # pragma: no cover
+
+
+_EMPTY = _Empty()
+
+
+class RequestBody(httpx.AsyncByteStream):
     """The request body: an already-read prefix, then the rest as it arrives from the client.
 
-    It is sent from a task of its own (the upstream may answer before it has all of it); a failure
-    on the client's side is kept in `failure` so the caller answers for the client (408/499), not
-    the upstream.
+    The transport reads it while the upstream may already be answering; a failure on the client's
+    side is kept in `failure` and raised as ClientDisconnected/ClientTooSlow, never as an httpx
+    error, so the caller answers for the client (408/499), not the upstream.
     """
 
     def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:

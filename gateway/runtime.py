@@ -14,7 +14,7 @@ from gateway.identity import JwtVerifier
 from gateway.keys import state_key
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
-from gateway.proxy import UpstreamPool
+from gateway.proxy import UpstreamClient
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class RoutePlan:
     args: tuple[RuleSpec, ...]
     prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
     needs_body: bool
-    pool: UpstreamPool
+    client: UpstreamClient | None  # None: the middleware, which forwards to the app it wraps
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Runtime:
     limiter: Limiter
     router: Router
     plans: dict[str, RoutePlan]
-    pools: dict[str, UpstreamPool]
+    clients: dict[str, UpstreamClient]
     jwt: JwtVerifier | None
     in_flight: int = 0
     retired: bool = False
@@ -53,13 +53,15 @@ def build_runtime(
     config: Config,
     redis: RedisSettings,
     limiter: Limiter,
-    reuse: dict[str, UpstreamPool] | None = None,
+    reuse: dict[str, UpstreamClient] | None = None,
+    transport: str = "lean",
 ) -> Runtime:
     reuse = reuse or {}
-    pools: dict[str, UpstreamPool] = {}
+    clients: dict[str, UpstreamClient] = {}
     for name, upstream in config.upstreams.items():
         old = reuse.get(name)
-        pools[name] = old if old is not None and old.upstream == upstream else UpstreamPool(upstream)
+        same = old is not None and old.upstream == upstream and old.kind == transport
+        clients[name] = old if old is not None and same else UpstreamClient(upstream, transport)
     plans: dict[str, RoutePlan] = {}
     for route in config.routes:
         plans[route.name] = RoutePlan(
@@ -70,7 +72,7 @@ def build_runtime(
                 state_key(redis.key_prefix, route.name, rule.name, "") for rule in route.limits
             ),
             needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
-            pool=pools[route.upstream.name],
+            client=clients[route.upstream.name] if route.upstream else None,
         )
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by)
     return Runtime(
@@ -79,6 +81,6 @@ def build_runtime(
         limiter=limiter,
         router=Router(config.routes),
         plans=plans,
-        pools=pools,
+        clients=clients,
         jwt=JwtVerifier(config.jwt) if uses_jwt else None,
     )

@@ -24,6 +24,12 @@ class Settings:
     header_timeout: float = 10.0           # a client must send its request head within this
     body_timeout: float = 30.0             # ... and never pause its body longer than this
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
+    max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
+    # The server protocol and the upstream transport for plain-HTTP/1.1 upstreams: the gateway's
+    # own (the defaults, measured faster), or uvicorn's httptools protocol and httpx's
+    # AsyncHTTPTransport, which pass the same conformance suite (docs/security.md).
+    http: str = "gateway"                  # gateway | uvicorn
+    upstream_transport: str = "lean"       # lean | httpx
 
     @property
     def effective_admin_host(self) -> str:
@@ -43,6 +49,9 @@ ENV_KEYS = {
     "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
     "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
+    "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
+    "GATEWAY_HTTP": ("http", str),
+    "GATEWAY_UPSTREAM_TRANSPORT": ("upstream_transport", str),
 }
 
 

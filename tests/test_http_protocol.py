@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.gateway_proc import GatewayProcess
+from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
@@ -45,66 +46,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess,
     yield proc
     assert proc.stop() == 0
     assert "Traceback" not in proc.log(), proc.log()
-
-
-class Conn:
-    """A raw client connection that reads whole responses (Content-Length or chunked)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.settimeout(5)
-        self.buffer = b""
-
-    def __enter__(self) -> Conn:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _fill(self) -> bool:
-        chunk = self.sock.recv(65536)
-        self.buffer += chunk
-        return bool(chunk)
-
-    def _take(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            if not self._fill():
-                raise ConnectionError("closed mid-response")
-        out, self.buffer = self.buffer[:size], self.buffer[size:]
-        return out
-
-    def _line(self) -> bytes:
-        while b"\r\n" not in self.buffer:
-            if not self._fill():
-                raise ConnectionError("closed mid-response")
-        line, _, self.buffer = self.buffer.partition(b"\r\n")
-        return line
-
-    def response(self, head_only: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
-        status = int(self._line().split(b" ", 2)[1])
-        headers: dict[bytes, bytes] = {}
-        while line := self._line():
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-        if head_only or status in (100, 204, 304):
-            return status, headers, b""
-        if headers.get(b"transfer-encoding") == b"chunked":
-            body = b""
-            while size := int(self._line(), 16):
-                body += self._take(size)
-                self._line()
-            self._line()
-            return status, headers, body
-        return status, headers, self._take(int(headers[b"content-length"]))
-
-    def closed_by_peer(self) -> bool:
-        try:
-            return not self.buffer and not self.sock.recv(1)
-        except (ConnectionResetError, TimeoutError):
-            return False
 
 
 def get(path: str, extra: str = "") -> bytes:

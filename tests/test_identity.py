@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from gateway.config import Config, JwtSettings, RedisSettings, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
+from gateway.http.request import read_request
 from gateway.identity import JwtVerifier, RequestView, client_ip, rule_identity
 
 TRUSTED = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("127.0.0.1/32"))
@@ -58,8 +59,9 @@ def _config(**jwt_settings: Any) -> Config:
 
 def _view(config: Config, headers: list[tuple[bytes, bytes]], query: bytes = b"",
           params: dict[str, str] | None = None, verifier: JwtVerifier | None = None) -> RequestView:
-    scope = {"headers": headers, "query_string": query, "client": ("10.0.0.2", 1234), "method": "POST"}
-    return RequestView(scope, params or {}, config, verifier)
+    scope = {"headers": [(b"host", b"gw"), *headers], "query_string": query, "client": ("10.0.0.2", 1234),
+             "method": "POST", "path": "/", "raw_path": b"/"}
+    return RequestView(read_request(scope), params or {}, config, verifier)
 
 
 def _unsigned(claims: dict[str, Any]) -> bytes:

@@ -1,13 +1,15 @@
-"""The upstream HTTP/1.1 client (gateway.upstream_http through proxy.UpstreamPool) against real
-servers, including ones that misbehave on purpose: closed keep-alive connections, bodies delimited
-by the end of the connection, 1xx answers, HEAD, stalls, truncation and a bounded pool."""
+"""Forwarding (gateway.proxy.UpstreamClient) through each upstream transport the gateway ships —
+the lean one (gateway/http/transport.py) and httpx's AsyncHTTPTransport — against real servers,
+including ones that misbehave on purpose: closed keep-alive connections, bodies delimited by the
+end of the connection, 1xx answers, HEAD, stalls, truncation and a bounded pool. Every test runs
+against both: the lean transport is allowed only because it passes what httpx's passes."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import pytest
@@ -15,7 +17,9 @@ import uvloop
 
 from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.proxy import RequestBody, UpstreamPool
+from gateway.http.request import Request
+from gateway.http.transport import LeanTransport
+from gateway.proxy import TRANSPORTS, RequestBody, UpstreamClient
 from tests.support.upstream import Upstream as AiohttpUpstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -69,7 +73,7 @@ class Collected:
         self.body = b""
         self.finished = False
 
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def __call__(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
             self.headers = message["headers"]
@@ -78,16 +82,31 @@ class Collected:
             self.finished = not message.get("more_body", False)
 
 
-async def forward(pool: UpstreamPool, method: bytes = b"GET", target: bytes = b"/",
+async def forward(pool: UpstreamClient, method: bytes = b"GET", target: bytes = b"/",
                   headers: list[tuple[bytes, bytes]] | None = None,
                   body: RequestBody | None = None) -> tuple[int, Collected]:
+    """Forward one request; the status is negated when the response broke off after it began."""
     out = Collected()
-    status = await pool.forward(method, target, headers or [], body, out, [(b"x-extra", b"1")])
-    return status, out
+    path, _, query = target.partition(b"?")
+    headers = headers or []
+    lengths = [int(v) for k, v in headers if k == b"content-length"]
+    request = Request(
+        method=method.decode(), path=path.decode(), raw_path=path, query=query, peer="127.0.0.1",
+        scheme="http", host=b"gw", forwarded_for=None, content_length=lengths[0] if lengths else None,
+        chunked=body is not None and not lengths, headers=[(k, v) for k, v in headers if k != b"content-length"],
+        first=dict(headers), repeated=frozenset(),
+    )
+    forwarded = await pool.forward(request, body, out, [(b"x-extra", b"1")], b"rid")
+    return (-forwarded.status if forwarded.aborted else forwarded.status), out
 
 
-def pool_for(url: str, **kw: Any) -> UpstreamPool:
-    return UpstreamPool(Upstream("u", url, **kw))
+def pool_for(transport: str, url: str, **kw: Any) -> UpstreamClient:
+    return UpstreamClient(Upstream("u", url, **kw), transport)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def run(coro: Any) -> Any:
@@ -97,7 +116,7 @@ def run(coro: Any) -> Any:
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-up: yes\r\n\r\nok"
 
 
-def test_keep_alive_reuses_one_connection_and_passes_status_headers_body() -> None:
+def test_keep_alive_reuses_one_connection_and_passes_status_headers_body(transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             await read_request(reader)
@@ -105,7 +124,7 @@ def test_keep_alive_reuses_one_connection_and_passes_status_headers_body() -> No
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url)
+            pool = pool_for(transport, server.url)
             for _ in range(20):
                 status, out = await forward(pool)
                 assert (status, out.body, out.finished) == (200, b"ok", True)
@@ -116,7 +135,7 @@ def test_keep_alive_reuses_one_connection_and_passes_status_headers_body() -> No
     run(go())
 
 
-def test_a_kept_alive_connection_closed_by_the_upstream_is_retried_once_for_a_get_only() -> None:
+def test_a_kept_alive_connection_closed_by_the_upstream_is_retried_once_for_a_get_only(transport: str) -> None:
     # Each connection answers one request, then closes when the next one arrives: the race an
     # upstream's keep-alive timeout causes.
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
@@ -126,7 +145,7 @@ def test_a_kept_alive_connection_closed_by_the_upstream_is_retried_once_for_a_ge
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url)
+            pool = pool_for(transport, server.url)
             for _ in range(3):
                 status, out = await forward(pool)
                 assert (status, out.body) == (200, b"ok")
@@ -143,7 +162,7 @@ async def _no_more() -> dict[str, Any]:
     raise AssertionError("the body was complete")
 
 
-def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole() -> None:
+def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole(transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n")
@@ -154,7 +173,7 @@ def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole() -> None:
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url)
+            pool = pool_for(transport, server.url)
             status, out = await forward(pool)
             assert (status, out.body, out.finished) == (200, b"a" * 1000 + b"b" * 1000 + b"c", True)
             assert all(name != b"connection" for name, _ in out.headers)  # hop-by-hop
@@ -165,7 +184,7 @@ def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole() -> None:
     run(go())
 
 
-def test_informational_answers_are_skipped_and_head_reuses_the_connection() -> None:
+def test_informational_answers_are_skipped_and_head_reuses_the_connection(transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             head = await read_request(reader)
@@ -176,7 +195,7 @@ def test_informational_answers_are_skipped_and_head_reuses_the_connection() -> N
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url)
+            pool = pool_for(transport, server.url)
             status, out = await forward(pool, b"HEAD")
             assert (status, out.body, out.finished) == (200, b"", True)
             assert (b"content-length", b"1000") in out.headers
@@ -189,7 +208,7 @@ def test_informational_answers_are_skipped_and_head_reuses_the_connection() -> N
     run(go())
 
 
-def test_stalls_truncation_and_garbage_map_to_timeout_abort_and_unavailable() -> None:
+def test_stalls_truncation_and_garbage_map_to_timeout_abort_and_unavailable(transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         head = await read_request(reader)
         if b"/silent" in head:
@@ -204,7 +223,7 @@ def test_stalls_truncation_and_garbage_map_to_timeout_abort_and_unavailable() ->
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url, timeout=0.3)
+            pool = pool_for(transport, server.url, timeout=0.3)
             with pytest.raises(UpstreamTimeout):
                 await forward(pool, target=b"/silent")
             status, out = await forward(pool, target=b"/stall")
@@ -213,13 +232,14 @@ def test_stalls_truncation_and_garbage_map_to_timeout_abort_and_unavailable() ->
             assert status == -200 and not out.finished
             with pytest.raises(UpstreamUnavailable):
                 await forward(pool, target=b"/garbage")
-            assert pool.pool is not None and pool.pool.open == 0  # every broken connection let go
+            if isinstance(pool.transport, LeanTransport):  # every broken connection let go
+                assert pool.transport.pool is not None and pool.transport.pool.open == 0
             await pool.close()
 
     run(go())
 
 
-def test_connections_never_exceed_max_connections_and_everyone_is_served() -> None:
+def test_connections_never_exceed_max_connections_and_everyone_is_served(transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             await read_request(reader)
@@ -228,7 +248,7 @@ def test_connections_never_exceed_max_connections_and_everyone_is_served() -> No
 
     async def go() -> None:
         async with RawServer(handler) as server:
-            pool = pool_for(server.url, max_connections=2)
+            pool = pool_for(transport, server.url, max_connections=2)
             results = await asyncio.gather(*(forward(pool) for _ in range(12)))
             assert [status for status, _ in results] == [200] * 12
             assert server.most_open == 2
@@ -237,14 +257,14 @@ def test_connections_never_exceed_max_connections_and_everyone_is_served() -> No
     run(go())
 
 
-def test_an_unreachable_upstream_is_unavailable() -> None:
+def test_an_unreachable_upstream_is_unavailable(transport: str) -> None:
     async def go() -> None:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         server.close()
         await server.wait_closed()
         with pytest.raises(UpstreamUnavailable):
-            await forward(pool_for(f"http://127.0.0.1:{port}"))
+            await forward(pool_for(transport, f"http://127.0.0.1:{port}"))
 
     run(go())
 
@@ -257,7 +277,7 @@ def aiohttp_upstream() -> Any:
     upstream.stop()
 
 
-def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(aiohttp_upstream: Any) -> None:
+def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(transport: str, aiohttp_upstream: Any) -> None:
     pieces = [bytes([i]) * (1000 * i + 1) for i in range(1, 30)]
     messages = [{"type": "http.request", "body": p, "more_body": True} for p in pieces[1:]]
     messages[-1]["more_body"] = False
@@ -268,14 +288,14 @@ def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(aiohttp_upst
         return next(queue)
 
     async def go() -> None:
-        pool = pool_for(aiohttp_upstream.url)
+        pool = pool_for(transport, aiohttp_upstream.url)
         status, out = await forward(pool, b"POST", b"/upload", [], RequestBody(pieces[0], True, receive))
         assert status == 200
         answer = json.loads(out.body)
         whole = b"".join(pieces)
         assert answer == {"length": len(whole), "sha256": hashlib.sha256(whole).hexdigest()}
         await pool.close()
-        prefixed = pool_for(aiohttp_upstream.url + "/echo/")  # a base path is kept in front
+        prefixed = pool_for(transport, aiohttp_upstream.url + "/echo/")  # a base path is kept in front
         status, out = await forward(prefixed, b"GET", b"/a%2Fb?x=1", [(b"x-a", b"b")])
         echoed = json.loads(out.body)
         assert echoed["raw_path"] == "/echo/a%2Fb?x=1" and echoed["query"] == "x=1"

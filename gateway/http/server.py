@@ -199,6 +199,8 @@ class HttpProtocol(asyncio.Protocol):
         # the request being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.head_complete = False    # past the head: any further field is a trailer
+        self.parsed_head_bytes = 0    # name + value + 4 per field of the head being parsed
         self.expect_100 = False
         # bounds and timeouts
         self.in_head = True           # between requests or inside a head: bytes count against the bound
@@ -251,11 +253,14 @@ class HttpProtocol(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            exchange = self.exchange  # no protocol switch through a proxy: served as plain HTTP
+            # No protocol switch through the gateway: the app refuses the request (501) and the
+            # connection ends after that answer; nothing sent after the head is read.
+            exchange = self.pipeline[-1] if self.pipeline else self.exchange
             if exchange is not None:
                 exchange.keep_alive = False
                 exchange.more_body = False
                 exchange.wake()
+            self._pause_reading()
             return
         except httptools.HttpParserError as exc:
             if not self.transport.is_closing():
@@ -277,6 +282,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = []
+        self.head_complete = False
+        self.parsed_head_bytes = 0
         self.expect_100 = False
         self.in_head = True
         self.head_started = self.loop.time()
@@ -289,6 +296,14 @@ class HttpProtocol(asyncio.Protocol):
             raise httptools.HttpParserError("URL too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.head_complete:
+            return  # a trailer field: never a header (RFC 9110 section 6.5.1), dropped
+        self.parsed_head_bytes += len(name) + len(value) + 4
+        if self.parsed_head_bytes > MAX_HEADER_BYTES:
+            # counted field by field, so one read carrying a whole oversized head is caught too
+            self._refuse(431, "Request Header Fields Too Large",
+                         f"request headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+            raise httptools.HttpParserError("head too large")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100 = True
@@ -296,6 +311,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        self.head_complete = True
         self.head_bytes = 0
         self.head_started = 0.0
         parser = self.parser

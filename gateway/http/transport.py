@@ -1,34 +1,45 @@
-"""HTTP/1.1 to one upstream: keep-alive connections on asyncio protocols, httptools' response parser.
+"""The lean upstream transport: plain HTTP/1.1 behind httpx's transport interface.
 
-This is the forwarding path's client. aiohttp's client did the same job with more layers (a
-session, a connector, a request and a response object, a stream reader, timers per read) and was
-41% of the gateway's CPU under load (docs/benchmarks.md); this one writes the request head in one
-`write()`, parses the answer with llhttp through httptools, and hands body chunks to the caller as
-they arrive, pausing the upstream socket while the client is slower than the upstream.
+`LeanTransport` is an `httpx.AsyncBaseTransport`: it takes an `httpx.Request` and returns an
+`httpx.Response` whose stream hands body chunks over as they arrive, like httpx's own
+`AsyncHTTPTransport` (which the gateway uses for `http2: true`, `tls:` and https upstreams, and
+which runs through the same tests). Underneath: keep-alive connections on asyncio protocols and
+llhttp (httptools) as the response parser, the head written in one `write()`, the upstream socket
+paused while the client reads slower than the upstream sends. It costs a fraction of httpcore's
+per-request CPU (docs/benchmarks.md, "The price of each library").
 
-Errors leave here as `UpstreamUnavailable` (502) or `UpstreamTimeout` (504) before the response
-head, and as `ResponseAborted` after it (the caller ends the client connection).
+Framing is strict (SPEC section 4): exactly one response is read per request; bytes after its end
+close the connection and are never read as a response; a response head over `MAX_HEAD_BYTES`, a
+transfer-coding other than chunked, or Content-Length with Transfer-Encoding is an invalid
+response; trailers never become headers; a connection whose request body was not sent whole is
+never reused. The request's framing is the caller's: its Content-Length or
+`Transfer-Encoding: chunked` header says how the body is sent.
+
+Errors leave as httpx's own exception types (ConnectError, ConnectTimeout, PoolTimeout,
+ReadTimeout, RemoteProtocolError, WriteError), so the caller converts one family at one edge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
+import httpx
 
 from gateway.config import Upstream
-from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 
 READ_HIGH_WATER = 256 * 1024  # response bytes held for a slow client before the upstream is paused
 IDLE_TIMEOUT = 15.0           # an idle keep-alive connection is closed after this long unused
+MAX_HEAD_BYTES = 64 * 1024    # status line and header fields of one response
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 
-class ResponseAborted(Exception):
-    """The upstream failed after the response head was sent on: the body is incomplete."""
+class _Trailing(Exception):
+    """Raised inside the parser to stop at the end of the one response a request gets."""
 
 
 class Connection(asyncio.Protocol):
@@ -69,6 +80,8 @@ class Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.read_paused = False
         self.last_activity = 0.0
+        self.head_bytes = 0              # status line and fields of the response head so far
+        self.trailing = False            # bytes came after the response: never reused
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -81,12 +94,21 @@ class Connection(asyncio.Protocol):
             return
         self.got_bytes = True
         self.last_activity = self.loop.time()
+        if self.status == 0:
+            self.head_bytes += len(data)  # a head trickling in: bounded whatever the packets
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.fail(UpstreamUnavailable(f"upstream '{self.pool.name}' switched protocols, which is not supported"))
+            self.fail(httpx.RemoteProtocolError(f"upstream '{self.pool.name}' switched protocols"))
         except httptools.HttpParserError as exc:
-            self.fail(UpstreamUnavailable(f"upstream '{self.pool.name}' sent an invalid response: {exc}"))
+            if self.trailing:
+                self.close()  # the response itself is whole; what followed it is never read
+            else:
+                self.fail(httpx.RemoteProtocolError(f"upstream '{self.pool.name}' sent an invalid response: {exc}"))
+            return
+        if self.status == 0 and self.head_bytes > MAX_HEAD_BYTES:
+            self.fail(httpx.RemoteProtocolError(
+                f"upstream '{self.pool.name}' sent a response head over {MAX_HEAD_BYTES // 1024} KiB"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -99,8 +121,8 @@ class Connection(asyncio.Protocol):
             if self.head.done() and not self.framed and self.error is None:
                 self._completed()  # a body delimited by the end of the connection
             else:
-                self.fail(UpstreamUnavailable(
-                    f"upstream '{self.pool.name}' closed the connection before answering"
+                self.fail(httpx.RemoteProtocolError(
+                    f"upstream '{self.pool.name}' closed the connection before the response ended"
                 ))
         self._wake_drain(ConnectionResetError("upstream connection closed"))
 
@@ -113,19 +135,41 @@ class Connection(asyncio.Protocol):
 
     # --- httptools callbacks -------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second response in the same read: never merged into the first, never kept for
+            # the next request. Parsing stops here and the connection is closed after this one.
+            self.trailing = True
+            raise _Trailing()
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.status:
+            return  # a trailer field of a chunked response: never a header
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise httptools.HttpParserError("response head too large")
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:
             self.headers = []  # 1xx: informational, the real answer follows
+            self.head_bytes = 0
             return
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message ends
+        lengths = codings = 0
         for name, value in self.headers:
-            if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            if name == b"content-length":
+                lengths += 1
                 self.framed = True
+            elif name == b"transfer-encoding":
+                codings += 1
+                if value.strip().lower() != b"chunked":
+                    raise httptools.HttpParserError(f"transfer-coding {value[:40]!r} is not supported")
+                self.framed = True
+        if codings and lengths:
+            raise httptools.HttpParserError("both Content-Length and Transfer-Encoding")
         if status in (204, 304):
             self.framed = True
         head = self.head
@@ -176,15 +220,8 @@ class Connection(asyncio.Protocol):
             self.drain_waiter = self.loop.create_future()
             await self.drain_waiter
 
-    async def read(self) -> bytes:
-        """The body bytes received so far, waiting for some; b"" once the body is complete."""
-        while not self.chunks:
-            if self.error is not None:
-                raise ResponseAborted() from self.error
-            if self.complete:
-                return b""
-            self.body_waiter = self.loop.create_future()
-            await self.body_waiter
+    def take_chunks(self) -> bytes:
+        """The body bytes received so far (at least one chunk is there); reading resumes."""
         if len(self.chunks) == 1:
             data = self.chunks.popleft()
         else:
@@ -200,7 +237,8 @@ class Connection(asyncio.Protocol):
 
     def finish(self) -> bool:
         """Ends the request; True if the connection can carry another one."""
-        reusable = self.complete and self.error is None and not self.closed and self.keep_alive
+        reusable = (self.complete and self.error is None and not self.closed and self.keep_alive
+                    and not self.trailing)
         if reusable and self.head_only:
             self.parser = httptools.HttpResponseParser(self)  # it still expects the announced body
         self.head = None
@@ -239,7 +277,7 @@ class Connection(asyncio.Protocol):
         if quiet < self.timeout:
             self.timer = self.loop.call_later(self.timeout - quiet, self._check_timeout)
             return
-        self.fail(UpstreamTimeout(f"upstream '{self.pool.name}' did not answer in time"))
+        self.fail(httpx.ReadTimeout(f"upstream '{self.pool.name}' did not answer in time"))
 
     def _wake_body(self) -> None:
         waiter = self.body_waiter
@@ -266,14 +304,8 @@ class ConnectionPool:
         self.upstream = upstream
         self.name = upstream.name
         parts = urlsplit(upstream.url)
-        self.scheme = parts.scheme
         self.host = parts.hostname or ""
-        default_port = 443 if parts.scheme == "https" else 80
-        self.port = parts.port or default_port
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.host_header = (host if self.port == default_port else f"{host}:{self.port}").encode("idna")
-        self.path_prefix = parts.path.rstrip("/").encode()
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
+        self.port = parts.port or 80
         self.limit = upstream.max_connections
         self.loop = asyncio.get_running_loop()
         self.idle: list[Connection] = []
@@ -302,7 +334,7 @@ class ConnectionPool:
             try:
                 await asyncio.wait_for(waiter, max(deadline - self.loop.time(), 0))
             except TimeoutError:
-                raise UpstreamTimeout(
+                raise httpx.PoolTimeout(
                     f"upstream '{self.name}': all {self.limit} connections stayed busy"
                 ) from None
             finally:
@@ -311,18 +343,15 @@ class ConnectionPool:
         self.open += 1
         try:
             _, conn = await asyncio.wait_for(
-                self.loop.create_connection(
-                    lambda: Connection(self), self.host, self.port, ssl=self.ssl,
-                    server_hostname=self.host if self.ssl else None,
-                ),
+                self.loop.create_connection(lambda: Connection(self), self.host, self.port),
                 max(deadline - self.loop.time(), 0.001),
             )
         except TimeoutError:
             self._slot_freed()
-            raise UpstreamTimeout(f"upstream '{self.name}' did not accept a connection in time") from None
-        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise httpx.ConnectTimeout(f"upstream '{self.name}' did not accept a connection in time") from None
+        except (OSError, ValueError) as exc:
             self._slot_freed()
-            raise UpstreamUnavailable(f"upstream '{self.name}' unreachable: {exc.__class__.__name__}") from None
+            raise httpx.ConnectError(f"upstream '{self.name}' unreachable: {exc.__class__.__name__}") from None
         except BaseException:
             self._slot_freed()
             raise
@@ -369,12 +398,139 @@ class ConnectionPool:
                 return
 
 
-def request_head(pool: ConnectionPool, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
-                 chunked: bool) -> bytes:
-    parts: list[bytes] = [method, b" ", pool.path_prefix, target, b" HTTP/1.1\r\nhost: ", pool.host_header, b"\r\n"]
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """httpx's transport interface over `ConnectionPool`, for one plain-HTTP/1.1 upstream."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.pool: ConnectionPool | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = self.pool
+        if pool is None:
+            pool = self.pool = ConnectionPool(self.upstream)
+        method = request.method.encode("ascii")
+        raw_headers = request.headers.raw
+        length = -1
+        chunked = False
+        for name, value in raw_headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                length = int(value)
+            elif lowered == b"transfer-encoding":
+                chunked = True
+        has_body = chunked or length > 0
+        target = request.extensions.get("target") or request.url.raw_path  # as httpcore reads it
+        head = _request_head(method, target, raw_headers)
+        head_only = method == b"HEAD"
+        timeout = _read_timeout(request, self.upstream.timeout)
+        while True:
+            conn = pool.take_idle() or await pool.connect()
+            conn.begin(head, head_only, timeout)
+            sender = None
+            if has_body:
+                sender = asyncio.ensure_future(_send_body(conn, request.stream, chunked, length))
+            try:
+                await conn.head  # type: ignore[misc]
+            except BaseException as exc:
+                if sender is not None and not sender.done():
+                    sender.cancel()
+                conn.close()
+                pool.release(conn)
+                if sender is not None and sender.done() and not sender.cancelled():
+                    failure = sender.exception()
+                    if failure is not None and not isinstance(failure, httpx.TransportError):
+                        raise failure from None  # the client's side failed first (e.g. it went away)
+                if (isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError) and conn.served > 0
+                        and not conn.got_bytes and not has_body and method in IDEMPOTENT):
+                    continue  # the upstream closed a kept-alive connection as we reused it: once more
+                raise
+            break
+        return httpx.Response(
+            conn.status,
+            headers=conn.headers,
+            stream=_ResponseStream(pool, conn, sender),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    def __init__(self, pool: ConnectionPool, conn: Connection, sender: asyncio.Future[None] | None) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.sender = sender
+        self.released = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self.conn
+        while True:
+            while not conn.chunks:
+                if conn.error is not None:
+                    error = conn.error
+                    if isinstance(error, httpx.TransportError):
+                        raise error
+                    raise httpx.ReadError(f"upstream '{self.pool.name}' response broke off") from error
+                if conn.complete:
+                    return
+                conn.body_waiter = conn.loop.create_future()
+                await conn.body_waiter
+            yield conn.take_chunks()
+
+    async def aclose(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        sender = self.sender
+        if sender is not None and not sender.done():
+            sender.cancel()  # answered before the whole body was sent: the connection goes
+            self.conn.close()
+        elif not self.conn.complete:
+            self.conn.close()  # the caller stopped reading: what is left is never read as a response
+        self.pool.release(self.conn)
+
+
+async def _send_body(conn: Connection, stream: Any, chunked: bool, length: int) -> None:
+    sent = 0
+    try:
+        async for chunk in stream:
+            if not chunk:
+                continue
+            sent += len(chunk)
+            if not chunked and sent > length:
+                raise httpx.LocalProtocolError("request body longer than its Content-Length")
+            conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if conn.write_paused:
+                await conn.drain()
+        if chunked:
+            conn.write(b"0\r\n\r\n")
+        elif sent != length:
+            raise httpx.LocalProtocolError("request body shorter than its Content-Length")
+    except OSError as exc:
+        error = httpx.WriteError(f"upstream '{conn.pool.name}' stopped taking the request body: {exc}")
+        conn.fail(error)
+        raise error from None
+    except BaseException as exc:
+        conn.fail(exc)  # the connection is owed bytes it will never get: it is never reused
+        raise
+
+
+def _read_timeout(request: httpx.Request, default: float) -> float:
+    timeout = request.extensions.get("timeout")
+    if isinstance(timeout, dict) and timeout.get("read") is not None:
+        return float(timeout["read"])
+    return default
+
+
+def _request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    parts: list[bytes] = [method, b" ", target, b" HTTP/1.1\r\n"]
     for name, value in headers:
         parts += (name, b": ", value, b"\r\n")
-    if chunked:
-        parts.append(b"transfer-encoding: chunked\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)

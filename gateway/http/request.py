@@ -1,0 +1,229 @@
+"""One inbound request, read once from the ASGI scope and checked before anything else happens.
+
+`read_request(scope)` is the only place the gateway walks `scope["headers"]`. It refuses what an
+upstream could read differently from the gateway (SPEC section 4, "Framing and hostile input"):
+
+- Content-Length together with Transfer-Encoding, or differing Content-Lengths: 400;
+  a transfer-coding other than chunked: 501; an Upgrade (WebSocket, h2c) or CONNECT: 501;
+- no Host on HTTP/1.1, more than one Host, or a Host that is not a host: 400;
+- a head larger than `max_head_bytes`, whatever the server protocol buffered: 431;
+- a target that is not a path, an encoded `/` or `\\` or NUL, a bad percent-escape, or a path that
+  climbs above the root: 400.
+
+What passes is the request both the limiter and the upstream see: headers named in `Connection`
+and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines joined into one
+list, and the path normalized (unreserved escapes decoded, dot segments removed, slashes merged)
+into `raw_path`, which is exactly what the upstream receives. Trailers never get here: the server
+protocol drops them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from gateway.errors import BadRequest, HeadTooLarge, NotImplementedRequest
+
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
+})
+# Written by the gateway itself when forwarding, never passed through as sent.
+REWRITTEN = frozenset({
+    b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-request-id",
+    b"expect", b"content-length",
+})
+# Framing fields a Connection header may not remove: the gateway reads them itself.
+_FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
+_NOT_FORWARDED = HOP_BY_HOP | REWRITTEN
+
+_ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_HOST = re.compile(rb"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+;=%-]*)(:[0-9]{1,5})?$")
+_ESCAPE_CHECK = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(slots=True)
+class Request:
+    """What the gateway acts on; built once per request by `read_request`."""
+
+    method: str
+    path: str                  # normalized and decoded: what routes match
+    raw_path: bytes            # normalized, escapes other than unreserved kept: what the upstream gets
+    query: bytes
+    peer: str                  # the connected client's address
+    scheme: str
+    host: bytes | None         # the one Host value (None on HTTP/1.0 without one)
+    forwarded_for: bytes | None  # every X-Forwarded-For line, joined in order
+    content_length: int | None
+    chunked: bool
+    headers: list[tuple[bytes, bytes]]   # what is forwarded as sent (end-to-end, not rewritten)
+    first: dict[bytes, bytes]            # end-to-end fields by lowercase name: the first value
+    repeated: frozenset[bytes]           # end-to-end fields that came more than once
+    request_id: bytes | None = None      # X-Request-Id as sent
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: bytes) -> bytes | None:
+        """The one value of an end-to-end field; a field sent more than once cannot be read as
+        one value, so asking for it is a 400 (the limit and the upstream could disagree)."""
+        if name in self.repeated:
+            raise BadRequest(f"header {name.decode('latin-1')} is sent more than once")
+        return self.first.get(name)
+
+
+def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> Request:
+    """The checked view of one ASGI http scope. Raises BadRequest (400), HeadTooLarge (431) or
+    NotImplementedRequest (501); nothing has been forwarded or counted when it does."""
+    method: str = scope["method"]
+    if method == "CONNECT":
+        raise NotImplementedRequest("CONNECT is not supported")
+    raw_target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+    query: bytes = scope.get("query_string") or b""
+    size = len(method) + len(raw_target) + len(query) + 12
+    headers: list[tuple[bytes, bytes]] = []
+    first: dict[bytes, bytes] = {}
+    repeated: set[bytes] = set()
+    hosts: list[bytes] = []
+    lengths: list[bytes] = []
+    codings: list[bytes] = []
+    forwarded: list[bytes] = []
+    connection: list[bytes] = []
+    request_id: bytes | None = None
+    upgrade = False
+    for name, value in scope["headers"]:
+        size += len(name) + len(value) + 4
+        if name in _NOT_FORWARDED:
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"content-length":
+                lengths.append(value)
+            elif name == b"transfer-encoding":
+                codings.append(value)
+            elif name == b"x-forwarded-for":
+                forwarded.append(value)
+            elif name == b"connection":
+                connection.append(value)
+            elif name == b"upgrade":
+                upgrade = True
+            elif name == b"x-request-id" and request_id is None:
+                request_id = value
+            continue
+        if name in first:
+            repeated.add(name)
+        else:
+            first[name] = value
+        headers.append((name, value))
+    if size > max_head_bytes:
+        raise HeadTooLarge(f"request line and headers exceed {max_head_bytes // 1024} KiB")
+
+    if connection:
+        named = {t.strip().lower() for v in connection for t in v.split(b",")} - {b""}
+        if b"upgrade" in named:
+            upgrade = True
+        dropped = named - _FRAMING
+        if b"x-forwarded-for" in dropped:
+            forwarded = []
+        if dropped & first.keys():
+            headers = [(n, v) for n, v in headers if n not in dropped]
+            first = {n: v for n, v in first.items() if n not in dropped}
+            repeated -= dropped
+    if upgrade:
+        raise NotImplementedRequest("protocol upgrades (WebSocket, h2c) are not supported")
+
+    chunked = False
+    if codings:
+        if lengths:
+            raise BadRequest("a request may not carry both Content-Length and Transfer-Encoding")
+        coding = b",".join(codings).strip().lower()
+        if coding != b"chunked":
+            raise NotImplementedRequest(
+                f"transfer-coding {coding[:64].decode('latin-1')!r} is not supported (only chunked)"
+            )
+        chunked = True
+    content_length = None
+    if lengths:
+        if len(set(lengths)) > 1:
+            raise BadRequest("the request carries differing Content-Length values")
+        text = lengths[0].strip()
+        if not text.isdigit() or len(text) > 18:
+            raise BadRequest("Content-Length is not a number")
+        content_length = int(text)
+
+    host = None
+    if len(hosts) > 1:
+        raise BadRequest("the request carries more than one Host")
+    if hosts:
+        host = hosts[0].strip()
+        if not _HOST.match(host):
+            raise BadRequest("the Host header is not a host")
+    elif scope.get("http_version", "1.1") != "1.0":
+        raise BadRequest("an HTTP/1.1 request must carry a Host header")
+
+    raw_path = normalize_path(raw_target)
+    try:
+        path = unquote(raw_path.decode("ascii"), errors="strict") if b"%" in raw_path else raw_path.decode("ascii")
+    except UnicodeError:
+        raise BadRequest("the path is not valid UTF-8 once decoded") from None
+    client = scope.get("client")
+    return Request(
+        method=method,
+        path=path,
+        raw_path=raw_path,
+        query=query,
+        peer=client[0] if client else "0.0.0.0",
+        scheme=scope.get("scheme", "http"),
+        host=host,
+        forwarded_for=b", ".join(v.strip() for v in forwarded) if forwarded else None,
+        content_length=content_length,
+        chunked=chunked,
+        headers=headers,
+        first=first,
+        repeated=frozenset(repeated),
+        request_id=request_id,
+    )
+
+
+def normalize_path(raw: bytes) -> bytes:
+    """RFC 3986 normalization of an origin-form path, strict about what could be read two ways:
+    escapes of unreserved characters decoded, dot segments removed, runs of `/` merged. An
+    encoded `/`, `\\` or NUL, a literal `\\`, a malformed escape, or `..` above the root is a 400."""
+    if not raw.startswith(b"/"):
+        raise BadRequest("the request target must be a path starting with /")
+    if b"%" not in raw and b"/." not in raw and b"//" not in raw and b"\\" not in raw:
+        return raw  # nothing to normalize: the common case
+    if b"\\" in raw:
+        raise BadRequest("a backslash in the path is ambiguous")
+    if b"%" in raw:
+        if _ESCAPE_CHECK.search(raw):
+            raise BadRequest("the path has a malformed percent-escape")
+        raw = _ESCAPE.sub(_decode_unreserved, raw)
+        lowered = raw.lower()
+        if b"%2f" in lowered or b"%5c" in lowered or b"%00" in lowered:
+            raise BadRequest("an encoded '/', '\\' or NUL in the path is ambiguous")
+    segments = raw.split(b"/")[1:]
+    out: list[bytes] = []
+    for segment in segments:
+        if segment == b"..":
+            if not out:
+                raise BadRequest("the path climbs above the root")
+            out.pop()
+        elif segment and segment != b".":
+            out.append(segment)
+    trailing = segments[-1] in (b"", b".", b"..")
+    path = b"/" + b"/".join(out)
+    if trailing and out:
+        path += b"/"
+    return path
+
+
+def _decode_unreserved(match: re.Match[bytes]) -> bytes:
+    byte = int(match.group(1), 16)
+    return bytes((byte,)) if byte in _UNRESERVED else b"%" + match.group(1).upper()
