@@ -17,7 +17,6 @@ UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connect
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 from urllib.parse import urlsplit
@@ -28,13 +27,12 @@ from starlette.types import Receive, Send
 from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import HOP_BY_HOP, Request
-from gateway.http.transport import LeanTransport
+from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
 
 BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
 TRANSPORTS = ("lean", "httpx")
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class ClientDisconnected(Exception):
@@ -51,25 +49,17 @@ class Forwarded(NamedTuple):
 
 
 def make_transport(upstream: Upstream, kind: str = "lean") -> httpx.AsyncBaseTransport:
-    """httpx's transport where it is needed (HTTP/2, TLS) or asked for; else the lean one."""
-    if kind == "lean" and upstream.url.startswith("http://") and not upstream.http2:
-        return LeanTransport(upstream)
-    limits = httpx.Limits(max_connections=upstream.max_connections,
-                          max_keepalive_connections=upstream.max_connections, keepalive_expiry=15.0)
-    return httpx.AsyncHTTPTransport(verify=tls_context(upstream), http1=True, http2=upstream.http2,
-                                    limits=limits, retries=0)
-
-
-def tls_context(upstream: Upstream) -> ssl.SSLContext:
-    tls = upstream.tls
-    context = ssl.create_default_context(cafile=tls.ca if tls else None)
-    if tls is not None:
-        if not tls.verify:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if tls.cert and tls.key:
-            context.load_cert_chain(tls.cert, tls.key)
-    return context
+    """HTTP/2 upstreams: httpx's AsyncHTTPTransport (h2, negotiated by ALPN; HTTP/2 only, so the
+    framing is h2's). HTTP/1.1, plain or TLS: the lean transport, which reads exactly one response
+    per request — httpx's HTTP/1.1 reuses a connection with bytes left over (tests/conformance).
+    kind="httpx" puts HTTP/1.1 through httpx's transport too, for the comparison in the tests."""
+    if upstream.http2 or kind == "httpx":
+        limits = httpx.Limits(max_connections=upstream.max_connections,
+                              max_keepalive_connections=upstream.max_connections, keepalive_expiry=15.0)
+        context = tls_context(upstream) if upstream.url.startswith("https://") else None
+        return httpx.AsyncHTTPTransport(verify=context or True, http1=not upstream.http2, http2=upstream.http2,
+                                        limits=limits, retries=0)
+    return LeanTransport(upstream)
 
 
 class UpstreamClient:
@@ -79,7 +69,6 @@ class UpstreamClient:
         self.upstream = upstream
         self.transport = make_transport(upstream, transport)
         self.kind = transport
-        self.retries_stale = not isinstance(self.transport, LeanTransport)
         parts = urlsplit(upstream.url)
         self.url = httpx.URL(f"{parts.scheme}://{parts.netloc}/")
         self.host_header = parts.netloc.encode("idna")
@@ -111,14 +100,7 @@ class UpstreamClient:
             stream=body if body is not None else _EMPTY, extensions={"target": target, "timeout": self.timeouts},
         )
         try:
-            try:
-                response = await self.transport.handle_async_request(outgoing)
-            except (httpx.RemoteProtocolError, httpx.ReadError):
-                if not self.retries_stale or body is not None or request.method not in IDEMPOTENT:
-                    raise
-                # httpcore reused a keep-alive connection the upstream had just closed: once more,
-                # as the lean transport does by itself (and nginx for idempotent requests)
-                response = await self.transport.handle_async_request(outgoing)
+            response = await self.transport.handle_async_request(outgoing)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"upstream '{self.upstream.name}' did not answer in time: {exc}") from None
         except httpx.TransportError as exc:

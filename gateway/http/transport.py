@@ -1,12 +1,13 @@
-"""The lean upstream transport: plain HTTP/1.1 behind httpx's transport interface.
+"""The lean upstream transport: HTTP/1.1 (plain or TLS) behind httpx's transport interface.
 
 `LeanTransport` is an `httpx.AsyncBaseTransport`: it takes an `httpx.Request` and returns an
 `httpx.Response` whose stream hands body chunks over as they arrive, like httpx's own
-`AsyncHTTPTransport` (which the gateway uses for `http2: true`, `tls:` and https upstreams, and
-which runs through the same tests). Underneath: keep-alive connections on asyncio protocols and
-llhttp (httptools) as the response parser, the head written in one `write()`, the upstream socket
-paused while the client reads slower than the upstream sends. It costs a fraction of httpcore's
-per-request CPU (docs/benchmarks.md, "The price of each library").
+`AsyncHTTPTransport` (which the gateway uses for `http2: true` upstreams, and which runs through
+the same tests: tests/test_upstream_http.py and tests/conformance/). Underneath: keep-alive
+connections on asyncio protocols and llhttp (httptools) as the response parser, the head written
+in one `write()`, the upstream socket paused while the client reads slower than the upstream
+sends. It costs a fraction of httpcore's per-request CPU (docs/benchmarks.md, "The price of each
+library").
 
 Framing is strict (SPEC section 4): exactly one response is read per request; bytes after its end
 close the connection and are never read as a response; a response head over `MAX_HEAD_BYTES`, a
@@ -22,6 +23,7 @@ ReadTimeout, RemoteProtocolError, WriteError), so the caller converts one family
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -80,7 +82,8 @@ class Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.read_paused = False
         self.last_activity = 0.0
-        self.head_bytes = 0              # status line and fields of the response head so far
+        self.head_bytes = 0              # bytes received while the response head is incomplete
+        self.field_bytes = 0             # name + value + 4 per field of the response head
         self.trailing = False            # bytes came after the response: never reused
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
@@ -145,8 +148,8 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.status:
             return  # a trailer field of a chunked response: never a header
-        self.head_bytes += len(name) + len(value) + 4
-        if self.head_bytes > MAX_HEAD_BYTES:
+        self.field_bytes += len(name) + len(value) + 4
+        if self.field_bytes > MAX_HEAD_BYTES:
             raise httptools.HttpParserError("response head too large")
         self.headers.append((name.lower(), value))
 
@@ -154,7 +157,7 @@ class Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         if status < 200:
             self.headers = []  # 1xx: informational, the real answer follows
-            self.head_bytes = 0
+            self.field_bytes = 0
             return
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message ends
@@ -305,7 +308,8 @@ class ConnectionPool:
         self.name = upstream.name
         parts = urlsplit(upstream.url)
         self.host = parts.hostname or ""
-        self.port = parts.port or 80
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl = tls_context(upstream) if parts.scheme == "https" else None
         self.limit = upstream.max_connections
         self.loop = asyncio.get_running_loop()
         self.idle: list[Connection] = []
@@ -343,13 +347,14 @@ class ConnectionPool:
         self.open += 1
         try:
             _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: Connection(self), self.host, self.port),
+                self.loop.create_connection(lambda: Connection(self), self.host, self.port, ssl=self.ssl,
+                                            server_hostname=self.host if self.ssl else None),
                 max(deadline - self.loop.time(), 0.001),
             )
         except TimeoutError:
             self._slot_freed()
             raise httpx.ConnectTimeout(f"upstream '{self.name}' did not accept a connection in time") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ssl.SSLError, ValueError) as exc:
             self._slot_freed()
             raise httpx.ConnectError(f"upstream '{self.name}' unreachable: {exc.__class__.__name__}") from None
         except BaseException:
@@ -519,6 +524,19 @@ async def _send_body(conn: Connection, stream: Any, chunked: bool, length: int) 
     except BaseException as exc:
         conn.fail(exc)  # the connection is owed bytes it will never get: it is never reused
         raise
+
+
+def tls_context(upstream: Upstream) -> ssl.SSLContext:
+    """The client side of TLS to an upstream: its `tls:` CAs, client certificate and verification."""
+    tls = upstream.tls
+    context = ssl.create_default_context(cafile=tls.ca if tls else None)
+    if tls is not None:
+        if not tls.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if tls.cert and tls.key:
+            context.load_cert_chain(tls.cert, tls.key)
+    return context
 
 
 def _read_timeout(request: httpx.Request, default: float) -> float:
