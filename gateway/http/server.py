@@ -209,6 +209,7 @@ class HttpProtocol(asyncio.Protocol):
         self.idle_since = 0.0
         self.served = 0
         self.timer: asyncio.TimerHandle | None = None
+        self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -245,6 +246,8 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
     def data_received(self, data: bytes) -> None:
+        if self.deferred_refusal:
+            return  # the parser failed on this connection: nothing more is read
         # One read may carry the head and the start of a large body: judge the head only if it is
         # still incomplete after this read (what is buffered stays below the bound plus one read).
         counting = self.in_head
@@ -383,10 +386,15 @@ class HttpProtocol(asyncio.Protocol):
         if not exchange.keep_alive:
             self.transport.close()
             return
-        self.resume_reading()
         if self.pipeline:
+            if not self.deferred_refusal:
+                self.resume_reading()
             self._start(self.pipeline.popleft())
+        elif self.deferred_refusal:
+            self.transport.write(self.deferred_refusal)
+            self.transport.close()
         else:
+            self.resume_reading()
             self.idle_since = self.loop.time()
             self._arm()
 
@@ -448,6 +456,16 @@ class HttpProtocol(asyncio.Protocol):
         self.timer = self.loop.call_later(left, self._check)
 
     def _refuse(self, status: int, title: str, detail: str) -> None:
+        """Answer a request the parser refused and end the connection. Requests received whole
+        before it are answered first, in order: the refusal never takes another request's place."""
         log.info("refused a request: %s", detail)
-        self.transport.write(_problem_bytes(status, title, detail))
+        answer = _problem_bytes(status, title, detail)
+        if self.pipeline and self.pipeline[-1].more_body:
+            self.pipeline.pop()  # the refused request itself, queued but never started: it never will be
+        current = self.exchange
+        if self.pipeline or (current is not None and not current.response_complete and not current.more_body):
+            self.deferred_refusal = answer
+            self._pause_reading()
+            return
+        self.transport.write(answer)
         self.transport.close()
