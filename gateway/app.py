@@ -14,10 +14,10 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from gateway import metrics
-from gateway.admin import Admin
+from gateway.admin import admin_app
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, Rule, load_config
 from gateway.errors import (
@@ -59,7 +59,8 @@ class Gateway:
         self.settings = settings
         self.initial_config = config
         self.runtime: Runtime | None = None
-        self.admin = Admin(self)
+        # the admin port's Starlette app, built once (typed with Starlette's wider ASGI aliases)
+        self.admin: Callable[[Scope, Receive, Send], Awaitable[None]] = cast(Any, admin_app(self))
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
         self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
@@ -162,7 +163,7 @@ class Gateway:
         if kind == "http":
             server = scope.get("server")
             if server is not None and server[1] == self.settings.admin_port:
-                await self.admin.handle(scope, receive, send)
+                await self.admin(scope, receive, send)
             else:
                 await self.handle(scope, receive, send)
         elif kind == "lifespan":
