@@ -222,6 +222,13 @@ class Gateway:
         host = _host(scope)
         found = runtime.router.match(method, host, scope["path"])
         if found is None:
+            allowed = runtime.router.allowed_methods(host, scope["path"])
+            if allowed:  # a route owns this path under other methods: a catch-all may not take it
+                methods = ", ".join(sorted(allowed))
+                refused = problem(405, f"{method} is not allowed on {scope['path'][:200]}; use {methods}")
+                refused[1].append((b"allow", methods.encode()))
+                status = await _answer(send, refused, request_id)
+                return "", "method_not_allowed", "", status
             status = await _answer(send, problem(404, f"no route matches {method} {scope['path'][:200]}"), request_id)
             return "", "no_route", "", status
         route, params = found
