@@ -73,7 +73,7 @@ def test_redis_killed_while_traffic_flows_keeps_the_pod_ready(tmp_path: Path, up
     redis.start()
     gateway = GatewayProcess(OUTAGE.format(upstream=upstream.url), tmp_path, redis_url=redis.url)
     gateway.start()
-    answers: list[tuple[float, str, int, str | None]] = []  # (sent at, path, status, Retry-After)
+    answers: list[tuple[float, float, str, int, str | None]] = []  # (sent, answered, path, status, Retry-After)
     readiness: list[int] = []
     stop = threading.Event()
 
@@ -83,7 +83,8 @@ def test_redis_killed_while_traffic_flows_keeps_the_pod_ready(tmp_path: Path, up
                 for path in ("/echo/open", "/echo/closed"):
                     sent = time.monotonic()
                     response = client.get(path)
-                    answers.append((sent, path, response.status_code, response.headers.get("retry-after")))
+                    answers.append((sent, time.monotonic(), path, response.status_code,
+                                    response.headers.get("retry-after")))
 
     def probe() -> None:
         with httpx.Client(base_url=gateway.admin_url, timeout=5) as client:
@@ -104,11 +105,11 @@ def test_redis_killed_while_traffic_flows_keeps_the_pod_ready(tmp_path: Path, up
         for thread in threads:
             thread.join(10)
 
-        before = [a for a in answers if a[0] < killed]
+        before = [a for a in answers if a[1] < killed]
         after = [a for a in answers if a[0] > killed + 0.1]  # the calls in flight at the kill may go either way
-        assert before and {status for _, _, status, _ in before} == {200}
-        assert {status for _, path, status, _ in after if path == "/echo/open"} == {200}, "fail-open forwards"
-        closed = [(status, retry) for _, path, status, retry in after if path == "/echo/closed"]
+        assert before and {status for _, _, _, status, _ in before} == {200}
+        assert {status for _, _, path, status, _ in after if path == "/echo/open"} == {200}, "fail-open forwards"
+        closed = [(status, retry) for _, _, path, status, retry in after if path == "/echo/closed"]
         assert closed and set(closed) == {(503, "1")}, "fail-closed answers 503 with Retry-After"
         print(f"{len(after)} requests after the kill; /readyz polled {len(readiness)} times")
         assert readiness and set(readiness) == {200}, "readiness never follows Redis"
@@ -383,3 +384,21 @@ def test_admin_host_defaults_to_loopback() -> None:
     assert settings.host == "0.0.0.0" and settings.effective_admin_host == "127.0.0.1"
     settings = resolve_settings(parse_args(["serve", "--data-dir", "/var/lib/gw"]), {"GATEWAY_ADMIN_HOST": "::"})
     assert settings.effective_admin_host == "::" and settings.data_dir == "/var/lib/gw"
+
+
+def test_another_method_on_an_owned_path_needs_a_route_that_names_it() -> None:
+    from gateway.config import Route, Upstream
+    from gateway.match import Router
+
+    up = Upstream("up", "http://127.0.0.1:1")
+    router = Router([
+        Route("seckill", "/seckill/{item_id}", frozenset({"POST"}), None, up, ()),
+        Route("preflight", "/seckill/{item_id}", frozenset({"OPTIONS"}), None, up, ()),
+        Route("api", "/{rest:path}", None, None, up, ()),
+    ])
+    found = router.match("OPTIONS", "shop", "/seckill/42")
+    assert found is not None and found[0].name == "preflight"
+    assert router.match("GET", "shop", "/seckill/42") is None
+    assert router.allowed_methods("shop", "/seckill/42") == {"OPTIONS", "POST"}
+    other = router.match("GET", "shop", "/products")
+    assert other is not None and other[0].name == "api"
