@@ -55,14 +55,17 @@ LABEL org.opencontainers.image.title="ratelimit-gateway" \
 
 # GATEWAY_CONFIG: mount your routes.yaml over /etc/gateway/routes.yaml (or a directory over
 # /etc/gateway). TMPDIR holds the embedded Redis socket and the Prometheus multiprocess files:
-# with a read-only root filesystem, /tmp must be a tmpfs or an emptyDir.
+# with a read-only root filesystem, /tmp must be a tmpfs or an emptyDir. GATEWAY_ADMIN_HOST: the
+# admin port listens on the container's interfaces so that `-p` and probes reach it; without an
+# admin token its writes are still accepted from loopback (inside the container) only.
 ENV PATH=/opt/gateway/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     TMPDIR=/tmp \
     GATEWAY_CONFIG=/etc/gateway/routes.yaml \
     GATEWAY_PORT=8080 \
-    GATEWAY_ADMIN_PORT=9090
+    GATEWAY_ADMIN_PORT=9090 \
+    GATEWAY_ADMIN_HOST=0.0.0.0
 
 RUN groupadd --system --gid 10001 gateway \
  && useradd --system --uid 10001 --gid gateway --no-create-home --home-dir /nonexistent \

@@ -2,34 +2,43 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
-STAMP  := $(VENV)/.installed
+# Two stamps: `run` needs only the runtime dependencies; `test`, `lint` and `bench` need .[dev] too.
+# A dev install holds everything run needs, so it renews the run stamp as well; the reverse is not true.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: run test lint bench clean system-deps
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q -e .
+	touch $(RUN_STAMP)
+
+$(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(DEV_STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and the benchmark use when present: faketime (moves Redis's clock),
 # Redis 7 (second server version), nginx + wrk (benchmark). Installed only when missing and root.
 system-deps:
 	@bash scripts/system-deps.sh
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) -m gateway.example_backend --port 9000 & \
 	  BACKEND=$$!; trap "kill $$BACKEND 2>/dev/null" EXIT INT TERM; \
 	  $(VENV)/bin/gateway serve --config routes.yaml --port 8080 --admin-port 9090
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench
 	$(VENV)/bin/mypy
 
-test: $(STAMP) system-deps lint
+test: $(DEV_STAMP) system-deps lint
 	$(VENV)/bin/pytest -q
 
-bench: $(STAMP) system-deps
+bench: $(DEV_STAMP) system-deps
 	$(PY) bench/run.py
 
 clean:

@@ -1,149 +1,213 @@
-"""The admin port: health, readiness, metrics, inspect/reset one key, reload.
+"""The admin port, a Starlette app: health, readiness, metrics, the rules in force, inspect/reset one
+key, reload.
 
-Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured.
+    GET    /healthz                          alive (200); the body says whether Redis answers a PING
+                                             and this worker's breaker state
+    GET    /readyz                           config loaded and serving (200); never asks Redis
+    GET    /metrics                          Prometheus text
+    GET    /limits                           every route and rule with its parameters
+    GET    /limits/{route}/{rule}?key=...    the state of one key
+    DELETE /limits/{route}/{rule}?key=...    reset it
+    POST   /reload                           validate routes.yaml and swap it in
+
+Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
+without it); with no token they are accepted from loopback peers only (403 from anywhere else).
+
+The admin sees the gateway through `AdminControl` and Redis only through the `Limiter`
+(`ping`, `reset`, `decide`): it never talks to a Redis connection itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
+import ipaddress
 import os
 import signal
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from gateway import metrics
-from gateway.config import load_config
+from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
-from gateway.keys import identity_token
+from gateway.keys import identity_token, state_key
 from gateway.limiter import Outcome
-from gateway.redis_client import RedisReplyError
-from gateway.responses import Headers, problem
+from gateway.responses import problem
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.runtime import Runtime
+    from gateway.settings import Settings
 
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Response = tuple[int, Headers, bytes]
+
+class AdminControl(Protocol):
+    """What the admin port needs from the gateway (gateway.app.Gateway is one)."""
+
+    @property
+    def runtime(self) -> Runtime | None: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def reload(self) -> tuple[bool, str]: ...
+
+    def next_reload(self) -> asyncio.Future[tuple[bool, str]]: ...
 
 
-def _json(status: int, payload: dict[str, Any]) -> Response:
-    body = json.dumps(payload).encode()
-    return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+def problem_response(status: int, detail: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
+    _, _, body = problem(status, detail, **extra)
+    return Response(body, status_code=status, headers=headers, media_type="application/problem+json")
 
 
-class Admin:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-
-    async def handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        try:
-            response = await self.route(scope)
-        except RedisUnavailable as exc:
-            response = problem(503, f"Redis is unavailable: {exc}")
-        status, headers, body = response
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    def authorized(self, scope: dict[str, Any]) -> bool:
-        runtime = self.gateway.runtime
-        token = runtime.config.admin_token if runtime else None
-        if not token:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return hmac.compare_digest(value, b"Bearer " + token.encode())
+def is_loopback(host: str | None) -> bool:
+    if not host:
         return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
-    async def route(self, scope: dict[str, Any]) -> Response:
-        method, path = scope["method"], scope["path"]
-        if path == "/healthz" and method == "GET":
-            return _json(200, {"status": "ok"})
-        if path == "/readyz" and method == "GET":
-            return await self.readyz()
-        if path == "/metrics" and method == "GET":
-            data, content_type = metrics.render()
-            return 200, [(b"content-type", content_type.encode())], data
-        if path == "/reload":
-            if method != "POST":
-                return problem(405, "use POST /reload")
-            if not self.authorized(scope):
-                return problem(401, "admin token required")
-            return await self.reload()
-        if path.startswith("/limits/"):
-            parts = path.split("/")
-            if len(parts) != 4:
-                return problem(404, "use /limits/{route}/{rule}?key=...")
-            if method == "DELETE" and not self.authorized(scope):
-                return problem(401, "admin token required")
-            if method not in ("GET", "DELETE"):
-                return problem(405, "use GET or DELETE")
-            return await self.limits(method, parts[2], parts[3], scope.get("query_string", b""))
-        return problem(404, f"no admin endpoint {path[:200]}")
 
-    async def readyz(self) -> Response:
-        runtime = self.gateway.runtime
-        if runtime is None or not self.gateway.ready:
-            return problem(503, "configuration not loaded yet")
+def write_refusal(control: AdminControl, request: Request) -> Response | None:
+    """None when this admin write may proceed, else the answer that refuses it."""
+    runtime = control.runtime
+    token = runtime.config.admin_token if runtime else None
+    if token:
+        given = request.headers.get("authorization", "").encode("latin-1")
+        if hmac.compare_digest(given, b"Bearer " + token.encode()):
+            return None
+        return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
+                                headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
+    peer = request.client.host if request.client else None
+    if is_loopback(peer):
+        return None
+    return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
+                                 "set admin.token to allow them from elsewhere")
+
+
+def rule_parameters(rule: Rule) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": rule.name, "algorithm": rule.algorithm, "by": [str(s) for s in rule.by]}
+    if rule.algorithm in BUCKET_ALGORITHMS:
+        out["rate_per_second"] = rule.rate
+        out["burst"] = rule.burst
+    else:
+        out["limit"] = rule.limit
+        key = "period_seconds" if rule.algorithm == "quota" else "window_seconds"
+        if rule.window or rule.algorithm != "quota":
+            out[key] = rule.window
+    out["cost"] = f"header:{rule.cost_header}" if rule.cost_header else rule.cost
+    if rule.cost_header:
+        out["cost_default"] = rule.cost
+    out.update(status=rule.status, shadow=rule.shadow, on_missing=rule.on_missing)
+    return out
+
+
+def admin_app(control: AdminControl) -> Starlette:
+    """The admin port's application; `control` is the gateway it reports on and acts for."""
+
+    async def healthz(request: Request) -> Response:
+        runtime = control.runtime
+        if runtime is None:
+            return JSONResponse({"status": "ok", "ready": False, "redis": None, "breaker": None})
+        limiter = runtime.limiter
+        started = time.perf_counter()
+        redis: dict[str, Any]
         try:
-            reply = await runtime.limiter.runner.command(None, "PING")
+            await limiter.ping()
         except RedisUnavailable as exc:
-            return problem(503, f"Redis is not answering: {exc}")
-        if isinstance(reply, RedisReplyError):
-            return problem(503, f"Redis answered PING with an error: {reply}")
-        return _json(200, {"status": "ready", "routes": len(runtime.config.routes)})
+            redis = {"answers": False, "error": str(exc)[:300]}
+        else:
+            redis = {"answers": True, "latency_ms": round((time.perf_counter() - started) * 1000, 3)}
+        return JSONResponse({
+            "status": "ok",
+            "ready": control.ready,
+            "redis": redis,
+            "breaker": limiter.breaker_state.name.lower(),
+        })
 
-    async def reload(self) -> Response:
+    async def readyz(request: Request) -> Response:
+        runtime = control.runtime
+        if runtime is None or not control.ready:
+            return problem_response(503, "configuration not loaded yet")
+        return JSONResponse({"status": "ready", "routes": len(runtime.config.routes)})
+
+    async def metrics_text(request: Request) -> Response:
+        data, content_type = metrics.render()
+        return Response(data, headers={"content-type": content_type})
+
+    async def reload(request: Request) -> Response:
+        refused = write_refusal(control, request)
+        if refused is not None:
+            return refused
         if os.environ.get("GATEWAY_SUPERVISED") == "1":
             try:
-                ok, message = await self._reload_every_worker()
+                ok, message = await _reload_every_worker(control)
             except TimeoutError:
-                return problem(503, f"the supervisor did not pass the reload on within {RELOAD_WAIT:.0f}s")
+                return problem_response(503, f"the supervisor did not pass the reload on within {RELOAD_WAIT:.0f}s")
         else:
-            ok, message = self.gateway.reload()
+            ok, message = control.reload()
         if not ok:
-            return problem(422, "the new configuration is invalid; the old one stays in force",
-                           errors=message.splitlines())
-        return _json(200, {"reloaded": True, "detail": message})
+            return problem_response(422, "the new configuration is invalid; the old one stays in force",
+                                    errors=message.splitlines())
+        return JSONResponse({"reloaded": True, "detail": message})
 
-    async def _reload_every_worker(self) -> tuple[bool, str]:
-        """Validate here, then let the supervisor signal every worker (this one included, so each
-        reloads once) and answer with this worker's own outcome."""
-        try:
-            load_config(self.gateway.settings.config_path)
-        except ConfigError as exc:
-            metrics.RELOADS.labels("error").inc()
-            return False, str(exc)
-        outcome = self.gateway.next_reload()
-        os.kill(os.getppid(), signal.SIGHUP)
-        return await asyncio.wait_for(outcome, RELOAD_WAIT)
+    async def list_limits(request: Request) -> Response:
+        runtime = _runtime(control)
+        routes = []
+        for route in runtime.config.routes:
+            routes.append({
+                "name": route.name,
+                "match": {"path": route.path, "methods": sorted(route.methods) if route.methods else None,
+                          "host": route.host},
+                "upstream": route.upstream.name if route.upstream else None,
+                "failure_mode": route.failure_mode,
+                "headers": route.headers,
+                "rules": [rule_parameters(rule) for rule in route.limits],
+            })
+        return JSONResponse({"routes": routes})
 
-    async def limits(self, method: str, route_name: str, rule_name: str, query: bytes) -> Response:
-        runtime = self.gateway.runtime
-        assert runtime is not None
+    async def one_key(request: Request) -> Response:
+        runtime = _runtime(control)
+        route_name, rule_name = request.path_params["route"], request.path_params["rule"]
         plan = runtime.plans.get(route_name)
         if plan is None:
-            return problem(404, f"no route {route_name[:100]!r}")
+            return problem_response(404, f"no route {route_name[:100]!r}")
         index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
         if index is None:
-            return problem(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+            return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+        if request.method == "DELETE":
+            refused = write_refusal(control, request)
+            if refused is not None:
+                return refused
         rule = plan.rules[index]
-        values = [v.encode() for k, v in parse_qsl(query.decode("latin-1")) if k == "key"]
+        values = [v.encode() for v in request.query_params.getlist("key")]
         if len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
-            return problem(400, f"give one key= per identity source of the rule ({sources})")
-        key = plan.prefix_keys[index] + identity_token(values)
-        if method == "DELETE":
-            deleted = await runtime.limiter.runner.command(key, "DEL", key)
-            return _json(200, {"route": route_name, "rule": rule_name, "key": key, "reset": bool(deleted)})
-        decision = await runtime.limiter.decide([plan.args[index]], [key], [0], peek=True)
+            return problem_response(400, f"give one key= per identity source of the rule ({sources})")
+        key = state_key(runtime.redis.key_prefix, route_name, rule_name, identity_token(values))
+        try:
+            if request.method == "DELETE":
+                deleted = await runtime.limiter.reset(key)
+                return JSONResponse({"route": route_name, "rule": rule_name, "key": key, "reset": deleted})
+            decision = await runtime.limiter.decide([plan.args[index]], [key], [0], peek=True)
+        except RedisUnavailable as exc:
+            return problem_response(503, f"Redis is unavailable: {exc}")
         state = decision.rules[0]
-        return _json(200, {
+        return JSONResponse({
             "route": route_name,
             "rule": rule_name,
             "algorithm": rule.algorithm,
@@ -153,3 +217,45 @@ class Admin:
             "reset_ms": state.reset_ms,
             "exhausted": state.outcome is not Outcome.ADMITS or state.remaining <= 0,
         })
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            return problem_response(405, f"use {allowed or 'another method'} on {request.url.path[:200]}",
+                                    headers=exc.headers)
+        if exc.status_code == 404:
+            return problem_response(404, f"no admin endpoint {request.url.path[:200]}")
+        return problem_response(exc.status_code, str(exc.detail))
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics_text, methods=["GET"]),
+            Route("/reload", reload, methods=["POST"]),
+            Route("/limits", list_limits, methods=["GET"]),
+            Route("/limits/{route}/{rule}", one_key, methods=["GET", "DELETE"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+
+
+def _runtime(control: AdminControl) -> Runtime:
+    runtime = control.runtime
+    if runtime is None:
+        raise HTTPException(503, "configuration not loaded yet")
+    return runtime
+
+
+async def _reload_every_worker(control: AdminControl) -> tuple[bool, str]:
+    """Validate here, then let the supervisor signal every worker (this one included, so each
+    reloads once) and answer with this worker's own outcome."""
+    try:
+        load_config(control.settings.config_path)
+    except ConfigError as exc:
+        metrics.RELOADS.labels("error").inc()
+        return False, str(exc)
+    outcome = control.next_reload()
+    os.kill(os.getppid(), signal.SIGHUP)
+    return await asyncio.wait_for(outcome, RELOAD_WAIT)

@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Match, Mount, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import metrics
-from gateway.admin import Admin
+from gateway.admin import admin_app
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, load_config
 from gateway.errors import BadRequest, ConfigError, UpstreamTimeout, UpstreamUnavailable
@@ -54,7 +54,8 @@ class Gateway:
         self.settings = settings
         self.initial_config = config
         self.runtime: Runtime | None = None
-        self.admin = Admin(self)
+        # the admin port's Starlette app, built once (typed with Starlette's wider ASGI aliases)
+        self.admin = admin_app(self)
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
         self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
@@ -201,6 +202,13 @@ class Gateway:
         request_id = _request_id(request.request_id)
         found = runtime.router.match(request.method, _hostname(request.host), request.path)
         if found is None:
+            host = _hostname(request.host)
+            allowed = runtime.router.allowed_methods(host, request.path)
+            if allowed:  # a route owns this path under other methods: a catch-all may not take it
+                methods = ", ".join(sorted(allowed))
+                answer = problem(405, f"{request.method} is not allowed on {request.path[:200]}; use {methods}")
+                answer[1].append((b"allow", methods.encode()))
+                return request_id, "", "method_not_allowed", "", await _answer(send, answer, request_id)
             answer = problem(404, f"no route matches {request.method} {request.path[:200]}")
             return request_id, "", "no_route", "", await _answer(send, answer, request_id)
         route, params = found
@@ -319,7 +327,7 @@ def build_app(settings: Settings, config: Config | None = None) -> Starlette:
     gateway = Gateway(settings, config)
     app = Starlette(
         routes=[
-            AdminPort(settings.admin_port, gateway.admin.handle),  # type: ignore[arg-type]
+            AdminPort(settings.admin_port, gateway.admin),
             Mount("", app=gateway.proxy),
         ],
         lifespan=gateway.lifespan,

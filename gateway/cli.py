@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from importlib.metadata import PackageNotFoundError, version
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
@@ -17,15 +18,19 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="A rate-limiting reverse proxy backed by Redis."
     )
+    parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help="routes.yaml (env GATEWAY_CONFIG; default routes.yaml)")
     serve.add_argument("--host", help="proxy address (default 0.0.0.0)")
     serve.add_argument("--port", type=int, help="proxy port (env GATEWAY_PORT; default 8080)")
-    serve.add_argument("--admin-host", help="admin address (default: same as --host)")
+    serve.add_argument("--admin-host", help="admin address (env GATEWAY_ADMIN_HOST; default 127.0.0.1: "
+                       "reset and reload stay on this machine)")
     serve.add_argument("--admin-port", type=int, help="admin port (env GATEWAY_ADMIN_PORT; default 9090)")
     serve.add_argument("--workers", type=int, help="worker processes (env GATEWAY_WORKERS; default 1)")
     serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
+    serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
+                       "default: none, state is in memory and gone on exit)")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
     check.add_argument("config", help="path to routes.yaml")
     return parser
@@ -48,9 +53,16 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settin
     flags = {
         "config_path": args.config, "host": args.host, "port": args.port,
         "admin_host": args.admin_host, "admin_port": args.admin_port,
-        "workers": args.workers, "redis_url": args.redis_url,
+        "workers": args.workers, "redis_url": args.redis_url, "data_dir": args.data_dir,
     }
     return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+
+
+def gateway_version() -> str:
+    try:
+        return version("ratelimit-gateway")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -79,6 +91,10 @@ def serve(settings: Settings) -> int:
         return 2
     if settings.port == settings.admin_port:
         print("gateway: the admin port must differ from the proxy port", file=sys.stderr)
+        return 2
+    if not os.path.exists(settings.config_path):
+        print(f"gateway: no routes file at {os.path.abspath(settings.config_path)}; "
+              "pass --config PATH (or set GATEWAY_CONFIG)", file=sys.stderr)
         return 2
     stamp = file_stamp(settings.config_path)  # before reading: a save during start-up is seen later
     try:

@@ -97,6 +97,20 @@ class Limiter:
     def breaker_state(self) -> BreakerState:
         return self.breaker.state
 
+    async def ping(self) -> None:
+        """Does Redis answer? Raises RedisUnavailable if not (bounded by redis.timeout). The
+        breaker is neither consulted nor changed: a health check must not decide for requests."""
+        reply = await self.runner.command(None, "PING")
+        if isinstance(reply, RedisReplyError):
+            raise RedisUnavailable(f"Redis answered PING with an error: {reply}")
+
+    async def reset(self, key: str) -> bool:
+        """Delete one rule's state for one identity (`key` from gateway.keys); True if it existed."""
+        reply = await self.runner.command(key, "DEL", key)
+        if isinstance(reply, RedisReplyError):
+            raise RedisUnavailable(f"Redis refused the reset: {reply}")
+        return bool(reply)
+
     async def decide(
         self,
         rules: Sequence[RuleSpec],

@@ -1,4 +1,10 @@
-"""Compiled routes: match(method, host, path) -> (Route, path params) | None. First match wins."""
+"""Compiled routes: match(method, host, path) -> (Route, path params) | None. First match wins.
+
+A route that lists `methods` owns its path: a request for that path with another method is not
+taken by a later route without `methods` (a catch-all), only by a later route that names the
+method. Nothing matching, `allowed_methods` tells a 405 (with Allow) from a 404. So a catch-all
+never becomes a way around the limits of `POST /seckill/{item_id}` for `GET /seckill/42`.
+"""
 
 from __future__ import annotations
 
@@ -36,12 +42,27 @@ class Router:
         )
 
     def match(self, method: str, host: str, path: str) -> tuple[Route, dict[str, str]] | None:
+        claimed = False  # an earlier route owns this path under other methods
         for compiled in self.routes:
-            if compiled.methods is not None and method not in compiled.methods:
-                continue
             if compiled.host is not None and compiled.host != host:
+                continue
+            if compiled.methods is not None and method not in compiled.methods:
+                if not claimed and compiled.pattern.match(path) is not None:
+                    claimed = True
+                continue
+            if claimed and compiled.methods is None:
                 continue
             found = compiled.pattern.match(path)
             if found is not None:
                 return compiled.route, found.groupdict()
         return None
+
+    def allowed_methods(self, host: str, path: str) -> frozenset[str]:
+        """The methods routes name for this path (empty: no route knows it, a 404)."""
+        allowed: set[str] = set()
+        for compiled in self.routes:
+            if compiled.methods is None or (compiled.host is not None and compiled.host != host):
+                continue
+            if compiled.pattern.match(path) is not None:
+                allowed |= compiled.methods
+        return frozenset(allowed)

@@ -14,7 +14,7 @@ class Settings:
     config_path: str = "routes.yaml"
     host: str = "0.0.0.0"
     port: int = 8080
-    admin_host: str | None = None          # None: same as host
+    admin_host: str = "127.0.0.1"          # admin (reset, reload, metrics): loopback unless asked
     admin_port: int = 9090
     workers: int = 1
     redis_url: str | None = None           # overrides routes.yaml's redis.url
@@ -23,6 +23,7 @@ class Settings:
     watch_interval: float = 1.0            # how often the config file is checked for changes
     header_timeout: float = 10.0           # a client must send its request head within this
     body_timeout: float = 30.0             # ... and never pause its body longer than this
+    data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
     # The server protocol and the upstream transport for plain-HTTP/1.1 upstreams: the gateway's
@@ -33,7 +34,7 @@ class Settings:
 
     @property
     def effective_admin_host(self) -> str:
-        return self.admin_host or self.host
+        return self.admin_host
 
 
 ENV_KEYS = {
@@ -45,6 +46,7 @@ ENV_KEYS = {
     "GATEWAY_LOG_LEVEL": ("log_level", str),
     "GATEWAY_HOST": ("host", str),
     "GATEWAY_ADMIN_HOST": ("admin_host", str),
+    "GATEWAY_DATA_DIR": ("data_dir", str),
     "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
     "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),

@@ -75,12 +75,24 @@ class Supervisor:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             return 1
         if needs_embedded_redis(settings, self.config):
-            self.redis = EmbeddedRedis()
-            self.redis.start()
+            self.redis = EmbeddedRedis(data_dir=settings.data_dir)
+            try:
+                self.redis.start()
+            except (OSError, RuntimeError) as exc:
+                log.error("cannot start the embedded redis-server: %s", exc)
+                proxy.close()
+                admin.close()
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+                return 1
             settings = replace(settings, embedded_redis_url=self.redis.url)
             self.settings = settings
-            log.info("no Redis URL configured: started an embedded redis-server at %s "
-                     "(for trying out and single boxes; set redis.url for production)", self.redis.url)
+            if self.redis.data_dir is not None:
+                state = (f"state persists in {self.redis.data_dir} (append-only file, fsync every second; "
+                         "at most the last second is lost on a crash)")
+            else:
+                state = "state is in memory only and gone when the gateway exits (--data-dir DIR keeps it)"
+            log.info("no Redis URL configured: started an embedded redis-server at %s; %s "
+                     "(for trying out and single boxes; set redis.url for production)", self.redis.url, state)
         context = multiprocessing.get_context("spawn")
         sockets = [proxy, admin]
         log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",

@@ -15,6 +15,7 @@ No Docker engine is needed or used: `docker build` itself is not run here.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -48,6 +49,9 @@ BIN = Path(sys.executable).parent
 HADOLINT = shutil.which("hadolint", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}") or "hadolint"
 RELEASE, NAMESPACE = "edge", "gateways"
 FULLNAME = f"{RELEASE}-gateway"
+ADMIN_SECRET = f"{FULLNAME}-admin-token"
+# Admin endpoints that never depend on Redis (SPEC section 5; tests/test_operators.py holds them to it)
+REDIS_INDEPENDENT = ("/healthz", "/readyz")
 
 # The chart's floor (Chart.yaml kubeVersion) and the newest release kubernetes-validate knows.
 KUBE_VERSIONS = ("1.25.0", kv.latest_version())
@@ -383,8 +387,7 @@ def test_rendered_routes_pass_gateway_check(scenario: tuple[str, dict[str, Any],
 
     config = load_config(path, env)
     assert config.redis.mode == values.get("redis", {}).get("mode", "standalone"), name
-    if values.get("admin", {}).get("existingSecret"):
-        assert config.admin_token == env["ADMIN_TOKEN"], "the token comes from the Secret"
+    assert config.admin_token == env["ADMIN_TOKEN"], "the token comes from a Secret, always"
     assert config.redis.url == "", "the URL never sits in the ConfigMap; GATEWAY_REDIS_URL carries it"
 
 
@@ -407,7 +410,11 @@ def test_pods_are_restricted_and_probed_on_the_admin_port(
     assert container["resources"]["requests"]["cpu"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"proxy": 8080, "admin": 9090}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    # Probes only on endpoints that answer 200 while Redis is down (tests/test_operators.py kills
+    # Redis under traffic and polls /readyz): a shared-Redis outage must not empty the Service.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] in REDIS_INDEPENDENT, probe
+        assert container[probe]["httpGet"]["port"] == "admin", probe
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert container["args"][0] == "serve"
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
@@ -416,6 +423,7 @@ def test_pods_are_restricted_and_probed_on_the_admin_port(
     assert volumes[mounts["/etc/gateway"]]["configMap"]["name"] == FULLNAME
     env = pod_env(deployment)
     assert env["GATEWAY_CONFIG"] == "/etc/gateway/routes.yaml" and env["TMPDIR"] == "/tmp"
+    assert env["GATEWAY_ADMIN_HOST"] == "0.0.0.0", "the kubelet and Prometheus reach the admin port"
     assert env["GATEWAY_WORKERS"] == str(values.get("workers", 1))
     grace = pod["terminationGracePeriodSeconds"]
     assert grace > int(env["GATEWAY_DRAIN_TIMEOUT"]) + 5, "the kubelet waits for the drain"
@@ -438,10 +446,12 @@ def test_redis_url_reaches_the_pod_only_as_configured(
     else:
         assert "GATEWAY_REDIS_URL" not in env, "embedded Redis"
     assert env["REDIS_MODE"]["value"] == redis.get("mode", "standalone")
-    if values.get("admin", {}).get("existingSecret"):
-        assert env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == values["admin"]["existingSecret"]
+    admin = values.get("admin", {})
+    ref = env["ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    if admin.get("existingSecret"):
+        assert ref == {"name": admin["existingSecret"], "key": admin.get("existingSecretKey", "token")}
     else:
-        assert "ADMIN_TOKEN" not in env
+        assert ref == {"name": ADMIN_SECRET, "key": "token"}, "the chart's own token Secret"
 
 
 def test_autoscaling_and_disruption_budget(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> None:
@@ -512,8 +522,27 @@ def test_checksum_follows_the_routes() -> None:
 def test_notes_tell_how_to_reach_it() -> None:
     notes = render({})["gateway/templates/NOTES.txt"]
     assert f"service/{FULLNAME}-admin" in notes and "embedded Redis" in notes
+    assert f"get secret {ADMIN_SECRET} -o jsonpath='{{.data.token}}'" in notes
     notes = render(SCENARIOS["hpa-off-existing-secret"])["gateway/templates/NOTES.txt"]
-    assert "embedded Redis" not in notes and "need no token" not in notes
+    assert "embedded Redis" not in notes and "get secret gateway-admin" in notes
+
+
+def test_the_admin_token_secret() -> None:
+    docs = manifests({})
+    secret = one(docs, "Secret", ADMIN_SECRET)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert re.fullmatch(r"[A-Za-z0-9]{48}", token), "generated: 48 random characters"
+    again = base64.b64decode(one(manifests({}), "Secret", ADMIN_SECRET)["data"]["token"]).decode()
+    assert again != token, "without a cluster to look it up in, a render generates a new one"
+    # Kept across upgrades: the template reads the release's Secret back with `lookup` before it
+    # generates (a lookup needs a live cluster; these tests render offline, so this is read off the template).
+    template = (CHART / "templates" / "secret-admin.yaml").read_text()
+    assert 'lookup "v1" "Secret" .Release.Namespace $name' in template
+    assert template.index("lookup") < template.index("randAlphaNum")
+    given = one(manifests({"admin": {"token": "from-values"}}), "Secret", ADMIN_SECRET)
+    assert base64.b64decode(given["data"]["token"]) == b"from-values"
+    theirs = manifests(SCENARIOS["hpa-off-existing-secret"])
+    assert not [d for d in theirs if d["kind"] == "Secret"], "admin.existingSecret: the chart keeps none"
 
 
 REFUSED = [
@@ -542,6 +571,9 @@ REFUSED = [
      'redis.mode is "standalone" but the chart\'s redis.mode is "cluster"'),
     ({"admin": {"existingSecret": "adm"}, "routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "")},
      "admin.existingSecret is set but routes does not read it"),
+    ({"routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "")},
+     "the chart passes the admin token as ADMIN_TOKEN but routes does not read it"),
+    ({"admin": {"existingSecret": "adm", "token": "x"}}, "set admin.token or admin.existingSecret, not both"),
 ]
 
 

@@ -17,7 +17,7 @@ from tests.support.waiting import wait_until
 
 class GatewayProcess:
     def __init__(self, config_text: str, workdir: Path, redis_url: str | None = None,
-                 workers: int = 1, env: dict[str, str] | None = None) -> None:
+                 workers: int = 1, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.config_path = workdir / "routes.yaml"
         self.config_path.write_text(textwrap.dedent(config_text))
         self.port = free_port()
@@ -25,6 +25,7 @@ class GatewayProcess:
         self.redis_url = redis_url
         self.workers = workers
         self.env = env or {}
+        self.extra_args = args  # after the defaults: a flag given here wins
         self.log_path = workdir / "gateway.log"
         self.out_path = workdir / "gateway.out"
         self.process: subprocess.Popen[bytes] | None = None
@@ -43,6 +44,7 @@ class GatewayProcess:
                 "--workers", str(self.workers)]
         if self.redis_url:
             args += ["--redis-url", self.redis_url]
+        args += self.extra_args
         env = dict(os.environ, **self.env)
         env.setdefault("GATEWAY_DRAIN_TIMEOUT", "5")
         with self.out_path.open("ab") as out, self.log_path.open("ab") as err:

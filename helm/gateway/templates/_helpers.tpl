@@ -26,6 +26,20 @@ Names, labels and value checks. Every define is namespaced by the chart name ("g
 {{- printf "%s-admin" (include "gateway.fullname" . | trunc 57 | trimSuffix "-") -}}
 {{- end -}}
 
+{{/* The Secret holding the admin token: admin.existingSecret, or the one the chart keeps. */}}
+{{- define "gateway.adminSecretName" -}}
+{{- if .Values.admin.existingSecret -}}
+{{- .Values.admin.existingSecret -}}
+{{- else -}}
+{{- printf "%s-admin-token" (include "gateway.fullname" . | trunc 51 | trimSuffix "-") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The key of the token in that Secret. */}}
+{{- define "gateway.adminSecretKey" -}}
+{{- if .Values.admin.existingSecret -}}{{ .Values.admin.existingSecretKey }}{{- else -}}token{{- end -}}
+{{- end -}}
+
 {{- define "gateway.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -157,8 +171,11 @@ before this by values.schema.json.
 {{- if and $token (not (hasPrefix "${" $token)) -}}
 {{- $problems = append $problems "routes: admin.token is a literal token in a ConfigMap; put it in a Secret, set admin.existingSecret and write `token: ${ADMIN_TOKEN:-}` under admin: in routes" -}}
 {{- end -}}
-{{- if and .Values.admin.existingSecret (not (contains "${ADMIN_TOKEN" $token)) -}}
-{{- $problems = append $problems "routes: admin.existingSecret is set but routes does not read it; write `token: ${ADMIN_TOKEN:-}` under admin: in routes" -}}
+{{- if not (contains "${ADMIN_TOKEN" $token) -}}
+{{- $problems = append $problems (printf "routes: %s but routes does not read it; write `token: ${ADMIN_TOKEN:-}` under admin: in routes (the admin port listens on the pod network, for probes and Prometheus)" (ternary "admin.existingSecret is set" "the chart passes the admin token as ADMIN_TOKEN" (not (empty .Values.admin.existingSecret)))) -}}
+{{- end -}}
+{{- if and .Values.admin.token .Values.admin.existingSecret -}}
+{{- $problems = append $problems "admin: set admin.token or admin.existingSecret, not both" -}}
 {{- end -}}
 {{- end -}}
 {{- if $problems -}}
