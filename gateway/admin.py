@@ -202,6 +202,7 @@ def admin_app(control: AdminControl) -> Starlette:
         try:
             if request.method == "DELETE":
                 deleted = await runtime.limiter.reset(key)
+                runtime.refusals.forget_key(key)  # this worker's; others hold theirs until the retry
                 return JSONResponse({"route": route_name, "rule": rule_name, "key": key, "reset": deleted})
             decision = await runtime.limiter.decide([plan.args[index]], [key], [0], peek=True)
         except RedisUnavailable as exc:

@@ -27,6 +27,7 @@ MAX_COST = 1_000_000_000
 MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
 MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
 MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
+LOCAL_REFUSALS_MAX = 100_000  # refusals each worker keeps in memory by default (gateway/refusals.py)
 
 ALGORITHMS = (
     "fixed_window", "sliding_window", "sliding_log",
@@ -150,6 +151,7 @@ class Config:
     body_digest_max_bytes: int = 65536
     identity_max_bytes: int = 1024
     access_log: bool = False
+    local_refusals_max: int = LOCAL_REFUSALS_MAX  # 0: every request asks Redis
 
 
 T = TypeVar("T")
@@ -332,7 +334,7 @@ def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bo
 
 TOP_KEYS = (
     "version", "redis", "defaults", "trusted_proxies", "upstreams", "routes", "jwt", "admin",
-    "identity", "access_log",
+    "identity", "access_log", "local_refusals",
 )
 
 
@@ -363,6 +365,12 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     access_log = False
     if "access_log" in top:
         access_log = bool(r.boolean(top["access_log"], "access_log"))
+    local_refusals = LOCAL_REFUSALS_MAX
+    if "local_refusals" in top:
+        refusals = r.mapping(top["local_refusals"], "local_refusals", ("max_entries",))
+        if refusals and "max_entries" in refusals:
+            found = r.integer(refusals["max_entries"], "local_refusals.max_entries", 0, 10_000_000)
+            local_refusals = LOCAL_REFUSALS_MAX if found is None else found
     upstreams = _upstreams(top.get("upstreams"), r, root)
     routes = _routes(top.get("routes"), r, root, upstreams, defaults, jwt)
     if r.problems:
@@ -378,6 +386,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         body_digest_max_bytes=body_max,
         identity_max_bytes=ident_max,
         access_log=access_log,
+        local_refusals_max=local_refusals,
     )
 
 

@@ -28,7 +28,8 @@ MAX_COST_HEADER = 1_000_000_000
 
 
 class Verdict(NamedTuple):
-    outcome: str                 # admitted | failed_open | refused | failed_closed | bad_request | client_gone
+    outcome: str                 # admitted | failed_open | refused | refused_locally (from memory,
+                                 # gateway/refusals.py) | failed_closed | bad_request | client_gone
     rule: str                    # the rule that refused or lacked an identity ("" otherwise)
     answer: Answer | None        # sent instead of forwarding; None: admitted
     headers: Headers             # rate-limit headers for an admitted request
@@ -70,6 +71,14 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
 
     if not rules:
         return Verdict("admitted", "", None, [], 0, view.body_prefix, more_body)
+    refusals = runtime.refusals
+    held = refusals.answer(keys, costs)
+    if held is not None:  # a refusal Redis gave and would give again: Redis is not asked
+        assert held.refused_by is not None
+        name = rules[held.refused_by].name
+        metrics.rule_decisions(route.name, name, "refused_locally").inc()
+        return Verdict("refused_locally", name, refusal(route, rules, held), [], 0, view.body_prefix, more_body)
+    sent = refusals.clock()
     try:
         decision = await runtime.limiter.decide(plan.args, keys, costs)
     except RedisUnavailable as exc:
@@ -82,6 +91,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     _count_rules(route.name, rules, decision)
     if not decision.admitted:
         assert decision.refused_by is not None
+        refusals.remember(rules, keys, costs, decision, sent)
         answer = refusal(route, rules, decision)
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
     headers = ratelimit_headers(route.headers, rules, decision)

@@ -27,14 +27,16 @@ LATENCY_BUCKETS = (
 
 REQUESTS = Counter(
     "gateway_requests_total",
-    "Requests by route and how they ended: admitted, refused, failed_open (Redis down, forwarded "
-    "unlimited), failed_closed (Redis down, 503), bad_request, no_route.",
+    "Requests by route and how they ended: admitted, refused, refused_locally (a refusal Redis "
+    "gave, answered again from the worker's memory without asking Redis), failed_open (Redis down, "
+    "forwarded unlimited), failed_closed (Redis down, 503), bad_request, no_route.",
     ["route", "outcome"],
 )
 RULE_DECISIONS = Counter(
     "gateway_rule_decisions_total",
     "Per rule: admitted (the request was admitted and counted), refused (this rule refused it), "
-    "shadow_refused (a shadow rule would have refused).",
+    "refused_locally (this rule's refusal, answered from memory), shadow_refused (a shadow rule "
+    "would have refused).",
     ["route", "rule", "outcome"],
 )
 RESPONSES = Counter(

@@ -15,6 +15,7 @@ from gateway.keys import state_key
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.proxy import UpstreamClient
+from gateway.refusals import LocalRefusals
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Runtime:
     plans: dict[str, RoutePlan]
     clients: dict[str, UpstreamClient]
     jwt: JwtVerifier | None
+    refusals: LocalRefusals = field(default_factory=LocalRefusals)  # this config's, this worker's
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -83,4 +85,5 @@ def build_runtime(
         plans=plans,
         clients=clients,
         jwt=JwtVerifier(config.jwt) if uses_jwt else None,
+        refusals=LocalRefusals(config.local_refusals_max),
     )

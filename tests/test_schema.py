@@ -41,6 +41,7 @@ MINIMAL: dict[str, Any] = {
     "jwt": {"algorithms": ["HS256"], "secret": "s3cret"},
     "admin": {"token": ""},
     "identity": {"body_max_bytes": 1024, "max_length": 256},
+    "local_refusals": {"max_entries": 100_000},
     "upstreams": {"up": {"url": "http://127.0.0.1:9000", "timeout": "1s"}},
     "routes": [{
         "name": "r",
@@ -126,6 +127,7 @@ KEY_LEVELS = [
     (("jwt",), "/properties/jwt"),
     (("admin",), "/properties/admin"),
     (("identity",), "/properties/identity"),
+    (("local_refusals",), "/properties/local_refusals"),
     (("upstreams", "up"), "/$defs/upstream"),
     (("routes", 0), "/$defs/route"),
     (("routes", 0, "match"), "/$defs/route/properties/match"),
@@ -289,6 +291,8 @@ INVALID = [
     ("shadow maybe", with_change((*RULE, "shadow"), "maybe")),
     ("trusted proxy hostname", with_change(("trusted_proxies",), ["proxy.internal"])),
     ("body bound 0", with_change(("identity", "body_max_bytes"), 0)),
+    ("local refusals negative", with_change(("local_refusals", "max_entries"), -1)),
+    ("local refusals in words", with_change(("local_refusals", "max_entries"), "many")),
     ("routes not a list", with_change(("routes",), {"name": "r"})),
 ]
 
