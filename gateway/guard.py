@@ -94,6 +94,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
         refusals.remember(rules, keys, costs, decision, sent)
         answer = refusal(route, rules, decision)
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
+    refusals.admitted(keys)
     headers = ratelimit_headers(route.headers, rules, decision)
     return Verdict("admitted", "", None, headers, decision.delay_ms, view.body_prefix, more_body)
 

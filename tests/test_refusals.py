@@ -1,0 +1,420 @@
+"""Refusals from memory (gateway/refusals.py, issue 13), against real Redis and real gateways.
+
+1. A property: the same requests at the same moments get the same answers with the cache as the
+   models (tests/support/limiter_models.py) give without it, for every algorithm, alone and in
+   routes of several rules; an answer from memory is the model's refusal (its rule, remaining,
+   and a retry and reset that count down, at most 1 ms above the model's).
+2. End to end: a request a held refusal covers never reaches Redis (INFO commandstats); an admin
+   reset makes the next request admitted at once; and where memory must not answer (a cheaper
+   request, a cost from a header, a leaky_bucket, a rule sitting out, a shadow rule, a quota without
+   period, a reload) the request goes to Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.config import Rule
+from gateway.limiter import Decision, Outcome, RuleState
+from gateway.refusals import LocalRefusals
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
+from tests.support.limiter_models import Route
+from tests.support.redis_proc import RedisProcess, binaries
+from tests.support.upstream import Upstream
+from tests.test_algorithms import ALGORITHMS, period_us, rules
+
+EXAMPLES = settings(max_examples=25, deadline=None)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    with clocked_server(binaries()["6.2"], tmp_path_factory.mktemp("clock")) as e:
+        yield e
+
+
+class Clock:
+    """The cache's clock, moved with Redis's (µs): only differences matter to the cache."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def run_with_cache(engine: Engine, route: list[Rule], data: st.DataObject, start: int) -> tuple[int, int]:
+    """Drive `route` with drawn requests; every answer, from memory or from Redis, is the models'.
+    Returns how many were answered from memory, and how many of those had a retry (not never-fits)."""
+    model = Route(route)
+    keys = fresh_keys(len(route))
+    clock = Clock()
+    cache = LocalRefusals(64, clock=clock)
+    period = max(period_us(r) for r in route)
+    t, hits, timed = start, 0, 0
+    costs_now = [1] * len(route)
+    for _ in range(data.draw(st.integers(1, 40), label="requests")):
+        t += data.draw(st.one_of(st.just(0), st.integers(1, 3_000), st.integers(0, max(1, period // 4)),
+                                 st.integers(0, 2 * period)), label="gap")
+        if data.draw(st.integers(0, 3), label="new costs") == 0:  # mostly the same request again
+            costs_now = [data.draw(st.one_of(st.integers(1, min(r.capacity, 3)), st.just(r.capacity + 1)))
+                         for r in route]
+        engine.at(t)
+        clock.now = t
+        expected = model.decide(t, costs_now)
+        where = f"{route} at +{t - T0}us costs {costs_now}"
+        held = cache.answer(keys, costs_now)
+        if held is not None:
+            hits += 1
+            assert not expected.admitted, where
+            assert held.refused_by == expected.refused_by, where
+            assert held.refused_by is not None
+            answer = expected.rules[held.refused_by]
+            state = held.rules[held.refused_by]
+            if expected.retry_us is None:
+                # never fits: refused whatever the state; its rate-limit fields are as when Redis refused
+                assert held.retry_after_ms is None, where
+            else:
+                timed += 1
+                assert state.remaining == answer.remaining, where
+                assert held.retry_after_ms is not None, where
+                assert 0 <= held.retry_after_ms - ms(expected.retry_us) <= 1, where
+                assert 0 <= state.reset_ms - ms(answer.reset_us) <= 1, where
+            continue
+        decision = engine.decide(route, keys, costs_now)
+        assert decision.admitted == expected.admitted, where
+        assert decision.refused_by == expected.refused_by, where
+        assert decision.retry_after_ms == (None if expected.retry_us is None else ms(expected.retry_us)), where
+        if decision.admitted:
+            cache.admitted(keys)
+        else:
+            cache.remember(route, keys, costs_now, decision, sent=t)
+    return hits, timed
+
+
+HITS: dict[str, tuple[int, int]] = {}
+
+
+def count(name: str, hits: tuple[int, int]) -> None:
+    before = HITS.get(name, (0, 0))
+    HITS[name] = (before[0] + hits[0], before[1] + hits[1])
+
+
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, "quota_period"])
+@EXAMPLES
+@given(data=st.data())
+def test_answers_from_memory_are_the_models_for_each_algorithm(
+    engine: Engine, algorithm: str, data: st.DataObject
+) -> None:
+    if algorithm == "quota_period":
+        rule = Rule("r", (), "quota", limit=data.draw(st.integers(1, 8)), window=data.draw(st.sampled_from([0.5, 3.0])))
+    else:
+        rule = data.draw(rules(algorithm), label="rule")
+    start = T0 + data.draw(st.integers(0, period_us(rule)), label="start")
+    count(algorithm, run_with_cache(engine, [rule], data, start))
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_answers_from_memory_are_the_models_for_routes_of_several_rules(engine: Engine, data: st.DataObject) -> None:
+    algorithms = data.draw(st.lists(st.sampled_from(ALGORITHMS), min_size=2, max_size=3), label="algorithms")
+    route = [data.draw(rules(a, shadow=st.sampled_from([False, False, False, True]))) for a in algorithms]
+    route = [Rule(f"r{i}", r.by, r.algorithm, r.limit, r.window, r.rate, r.burst, shadow=r.shadow)
+             for i, r in enumerate(route)]
+    count("route", run_with_cache(engine, route, data, T0 + data.draw(st.integers(0, 10**7))))
+
+
+def test_the_properties_did_answer_from_memory() -> None:
+    """The property runs above answered from memory for every algorithm that keeps refusals (so
+    they tested the cache, not only Redis); leaky_bucket only for costs that never fit, by design."""
+    kept = [a for a in HITS if a != "leaky_bucket"]
+    assert all(HITS[a][1] > 0 for a in kept), HITS
+    assert HITS.get("leaky_bucket", (0, 0))[1] == 0, HITS
+
+
+# --- the cache alone: bounds, reset, what it keeps --------------------------------------------------
+
+
+def refusal(by: int, retry: int | None, remaining: int, reset: int, outcome: Outcome = Outcome.REFUSES) -> Decision:
+    return Decision(False, by, retry, 0, (RuleState(outcome, remaining, reset),))
+
+
+def test_bounded_least_recently_used_first_and_reset_by_key() -> None:
+    clock = Clock()
+    rule = Rule("r", (), "fixed_window", limit=1, window=60.0)
+    cache = LocalRefusals(3, clock=clock)
+    for name in ("a", "b", "c"):
+        assert cache.remember([rule], [name], [1], refusal(0, 30_000, 0, 30_000), sent=clock.now)
+    assert cache.answer(["a"], [1]) is not None  # a is now the most recently used
+    cache.remember([rule], ["d"], [1], refusal(0, 30_000, 0, 30_000), sent=clock.now)
+    assert len(cache) == 3 and cache.answer(["b"], [1]) is None
+    assert cache.forget_key("a") == 1 and cache.answer(["a"], [1]) is None
+    # a refusal from a request sent before the reset finished is not kept
+    assert not cache.remember([rule], ["a"], [1], refusal(0, 30_000, 0, 30_000), sent=clock.now)
+    clock.now += 1
+    assert cache.remember([rule], ["a"], [1], refusal(0, 30_000, 0, 30_000), sent=clock.now)
+    # an admission on the same keys (a cheaper request) changed what a refusal would report
+    cache.admitted(["a"])
+    assert cache.answer(["a"], [1]) is None
+    # costs of one identity: the newest four are kept (a cost from a header is the client's choice)
+    big = Rule("r", (), "fixed_window", limit=1000, window=60.0)
+    for cost in range(2, 12):
+        assert cache.remember([big], ["e"], [cost], refusal(0, 30_000, 0, 30_000), sent=clock.now)
+    assert [c for c in range(2, 12) if cache.answer(["e"], [c]) is not None] == [8, 9, 10, 11]
+
+
+def test_held_until_redis_would_admit_less_a_margin_and_counting_down() -> None:
+    clock = Clock()
+    rule = Rule("r", (), "token_bucket", rate=1.0, burst=1)
+    cache = LocalRefusals(10, clock=clock)
+    sent = clock.now
+    clock.now += 400  # the reply took 400 µs
+    assert cache.remember([rule], ["k"], [1], refusal(0, 1000, 0, 1000), sent=sent)
+    clock.now = sent + 500_000
+    held = cache.answer(["k"], [1])
+    assert held is not None and held.retry_after_ms == 501 and held.rules[0].reset_ms == 501
+    clock.now = sent + 999_000 - 999 - 2  # 1 ms, 1000 ppm and 1 µs short of the rounded-up retry
+    assert cache.answer(["k"], [1]) is not None
+    clock.now += 1
+    assert cache.answer(["k"], [1]) is None
+    assert cache.answer(["k"], [1]) is None  # and it is gone
+
+
+def test_what_is_not_kept() -> None:
+    clock = Clock()
+    cache = LocalRefusals(10, clock=clock)
+    bucket = Rule("r", (), "token_bucket", rate=1.0, burst=5)
+    leaky = Rule("r", (), "leaky_bucket", rate=1.0, burst=5)
+    stock = Rule("r", (), "quota", limit=5)
+    shadow = Rule("s", (), "fixed_window", limit=1, window=60.0, shadow=True)
+    window = Rule("w", (), "fixed_window", limit=1, window=60.0)
+    # remaining 1 of a cost 3: it would grow during the wait, and the header with it
+    assert not cache.remember([bucket], ["k"], [3], refusal(0, 2000, 1, 4000), clock.now)
+    assert cache.remember([bucket], ["k"], [3], refusal(0, 1000, 2, 4000), clock.now)
+    assert not cache.remember([leaky], ["k"], [1], refusal(0, 1000, 0, 6000), clock.now)
+    assert not cache.remember([stock], ["k"], [1], refusal(0, None, 0, -1, Outcome.NEVER_FITS), clock.now)
+    both = Decision(False, 0, 30_000, 0, (RuleState(Outcome.REFUSES, 0, 30_000), RuleState(Outcome.ADMITS, 0, 1)))
+    assert not cache.remember([window, shadow], ["k", "s"], [1, 1], both, clock.now)
+    assert not LocalRefusals(0, clock=clock).remember([window], ["k"], [1], refusal(0, 30_000, 0, 30_000), clock.now)
+    # a cost above what the rule can ever hold: kept for the life of the config
+    assert cache.remember([stock], ["k"], [6], refusal(0, None, 5, -1, Outcome.NEVER_FITS), clock.now)
+    clock.now += 10**12
+    held = cache.answer(["k"], [6])
+    assert held is not None and held.retry_after_ms is None
+
+
+def test_bytes_per_entry() -> None:
+    """What one held refusal costs (tracemalloc), for docs/algorithms.md: a 3-rule route, keys as
+    the gateway builds them."""
+    rules_ = [Rule("u", (), "token_bucket", rate=5.0, burst=5), Rule("i", (), "sliding_window", limit=9, window=1.0),
+              Rule("g", (), "fixed_window", limit=99, window=1.0)]
+    decision = Decision(False, 0, 200, 0, (RuleState(Outcome.REFUSES, 0, 1000), RuleState(Outcome.ADMITS, 3, 900),
+                                           RuleState(Outcome.ADMITS, 50, 900)))
+    count = 20_000
+    cache = LocalRefusals(count, clock=Clock())
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for n in range(count):
+        keys = [f"rlgw:{{seckill}}:user:user-{n:08d}", f"rlgw:{{seckill}}:item:item-{n % 50}", "rlgw:{seckill}:g:~"]
+        # the gateway stores the Decision it received: each entry holds its own
+        own = Decision(False, 0, 200, 0, tuple(RuleState(*s) for s in decision.rules))
+        cache.remember(rules_, keys, [1, 1, 1], own, sent=T0)
+    per_entry = (tracemalloc.get_traced_memory()[0] - before) / count
+    tracemalloc.stop()
+    assert len(cache) == count
+    print(f"bytes per held refusal (3 rules): {per_entry:.0f}")
+    assert per_entry < 2000
+
+
+# --- end to end: real gateway processes ----------------------------------------------------------
+
+ROUTES = """
+version: 1
+redis: {{key_prefix: f{tag}}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+routes:
+  - name: flood
+    match: {{path: /echo/flood}}
+    upstream: up
+    limits: [{{name: user, by: [header:X-User], algorithm: fixed_window, limit: {limit}, window: 1h}}]
+  - name: cost
+    match: {{path: /echo/cost}}
+    upstream: up
+    limits: [{{name: user, by: [header:X-User], algorithm: token_bucket, rate: 1/h, burst: 5, cost: "header:X-Cost"}}]
+  - name: leaky
+    match: {{path: /echo/leaky}}
+    upstream: up
+    limits: [{{name: user, by: [header:X-User], algorithm: leaky_bucket, rate: 1/min, burst: 1, cost: 2}}]
+  - name: skip
+    match: {{path: /echo/skip}}
+    upstream: up
+    limits:
+      - {{name: user, by: [header:X-User], on_missing: skip, algorithm: fixed_window, limit: 1, window: 1h}}
+      - {{name: ip, by: [ip], algorithm: fixed_window, limit: 1000, window: 1h}}
+  - name: shadow
+    match: {{path: /echo/shadow}}
+    upstream: up
+    limits:
+      - {{name: user, by: [header:X-User], algorithm: fixed_window, limit: 1, window: 1h}}
+      - {{name: watch, by: [], algorithm: fixed_window, limit: 1, window: 1h, shadow: true}}
+  - name: stock
+    match: {{path: /echo/stock}}
+    upstream: up
+    limits: [{{name: left, by: [header:X-User], algorithm: quota, limit: 1}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def own_redis() -> Iterator[RedisProcess]:
+    proc = RedisProcess()
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, own_redis: RedisProcess,
+            upstream: Upstream) -> Iterator[GatewayProcess]:
+    text = ROUTES.format(tag=uuid.uuid4().hex[:6], upstream=upstream.url, limit=2)
+    proc = GatewayProcess(text, tmp_path_factory.mktemp("flood"), redis_url=own_redis.url)
+    proc.start()
+    yield proc
+    assert proc.stop() == 0
+
+
+def decisions(redis: RedisProcess) -> int:
+    """Decisions the Redis has run: EVALSHA calls that did not fail (NOSCRIPT), and EVAL calls."""
+    client = redis.client()
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    evalsha, eval_ = stats.get("cmdstat_evalsha", {}), stats.get("cmdstat_eval", {})
+    return int(evalsha.get("calls", 0)) - int(evalsha.get("failed_calls", 0)) + int(eval_.get("calls", 0))
+
+
+def metric(gateway: GatewayProcess, sample: str) -> float:
+    for line in httpx.get(gateway.admin_url + "/metrics").text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def user() -> dict[str, str]:
+    return {"X-User": "u" + uuid.uuid4().hex[:10]}
+
+
+def test_a_flood_of_held_refusals_never_reaches_redis(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    who = user()
+    with httpx.Client(base_url=gateway.url, headers=who) as client:
+        before = decisions(own_redis)
+        assert [client.get("/echo/flood").status_code for _ in range(2)] == [200, 200]
+        first = client.get("/echo/flood")
+        assert first.status_code == 429
+        assert decisions(own_redis) == before + 3
+        flood = [client.get("/echo/flood") for _ in range(200)]
+        assert decisions(own_redis) == before + 3, "a held refusal asked Redis"
+    # the answer from memory is Redis's: status, problem+json, Retry-After, rate-limit headers
+    for later in (flood[0], flood[-1]):
+        assert later.status_code == 429
+        for header in ("content-type", "ratelimit-policy"):
+            assert later.headers[header] == first.headers[header]
+        body, first_body = later.json(), first.json()
+        assert {k: v for k, v in body.items() if k != "retry_after_ms"} == \
+            {k: v for k, v in first_body.items() if k != "retry_after_ms"}
+        assert 0 <= first_body["retry_after_ms"] - body["retry_after_ms"] < 60_000
+        assert int(later.headers["retry-after"]) == -(-body["retry_after_ms"] // 1000)
+        assert later.headers["ratelimit"].startswith('"user";r=0;t=')
+    assert json.loads(first.content)["detail"] == "rate limit 'user' of route 'flood' exceeded"
+    sample = 'gateway_requests_total{outcome="refused_locally",route="flood"}'
+    assert metric(gateway, sample) >= 200
+    assert metric(gateway, 'gateway_rule_decisions_total{outcome="refused_locally",route="flood",rule="user"}') >= 200
+
+
+def test_an_admin_reset_admits_the_next_request_at_once(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    who = user()
+    with httpx.Client(base_url=gateway.url, headers=who) as client:
+        assert [client.get("/echo/flood").status_code for _ in range(4)] == [200, 200, 429, 429]
+        before = decisions(own_redis)
+        assert client.get("/echo/flood").status_code == 429
+        assert decisions(own_redis) == before  # held
+        reset = httpx.delete(gateway.admin_url + "/limits/flood/user", params={"key": who["X-User"]})
+        assert reset.status_code == 200 and reset.json()["reset"] is True
+        assert client.get("/echo/flood").status_code == 200
+        # a quota without period is never held (a reset through any worker lifts it): same outcome
+        assert [client.get("/echo/stock").status_code for _ in range(3)] == [200, 429, 429]
+        reset = httpx.delete(gateway.admin_url + "/limits/stock/left", params={"key": who["X-User"]})
+        assert reset.status_code == 200
+        assert client.get("/echo/stock").status_code == 200
+
+
+def asks_redis(redis: RedisProcess, client: httpx.Client, path: str, headers: dict[str, str] | None = None) -> int:
+    """The status of one request, asserting that it was decided by Redis (one script call)."""
+    before = decisions(redis)
+    status = client.get(path, headers=headers).status_code
+    assert decisions(redis) == before + 1, f"{path} {headers} was answered from memory"
+    return status
+
+
+def test_where_memory_must_not_answer(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    who = user()
+    with httpx.Client(base_url=gateway.url, headers=who) as client:
+        # a cost from a header: the same cost is held, a cheaper or dearer one asks Redis
+        assert asks_redis(own_redis, client, "/echo/cost", {"X-Cost": "3"}) == 200
+        assert asks_redis(own_redis, client, "/echo/cost", {"X-Cost": "3"}) == 429  # 2 left: held
+        before = decisions(own_redis)
+        assert client.get("/echo/cost", headers={"X-Cost": "3"}).status_code == 429
+        assert decisions(own_redis) == before
+        assert asks_redis(own_redis, client, "/echo/cost", {"X-Cost": "4"}) == 429
+        assert asks_redis(own_redis, client, "/echo/cost", {"X-Cost": "1"}) == 200   # cheaper: admitted
+        # a cost that can never fit: refused by Redis once, then from memory for the life of the config
+        assert asks_redis(own_redis, client, "/echo/cost", {"X-Cost": "6"}) == 429
+        before = decisions(own_redis)
+        never = client.get("/echo/cost", headers={"X-Cost": "6"})
+        assert never.status_code == 429 and "retry-after" not in never.headers and decisions(own_redis) == before
+        assert "can ever admit" in never.json()["detail"]
+        # leaky_bucket: every refusal asks Redis
+        assert asks_redis(own_redis, client, "/echo/leaky") == 200
+        assert [asks_redis(own_redis, client, "/echo/leaky") for _ in range(3)] == [429] * 3
+        # a rule sitting out: the request without its identity is not the refused one
+        assert asks_redis(own_redis, client, "/echo/skip") == 200
+        assert asks_redis(own_redis, client, "/echo/skip") == 429
+        before = decisions(own_redis)
+        assert client.get("/echo/skip").status_code == 429
+        assert decisions(own_redis) == before
+        with httpx.Client(base_url=gateway.url) as anonymous:
+            assert asks_redis(own_redis, anonymous, "/echo/skip") == 200
+        # a shadow rule in the route: its counts stay exact, so every request asks Redis
+        assert asks_redis(own_redis, client, "/echo/shadow") == 200
+        assert [asks_redis(own_redis, client, "/echo/shadow") for _ in range(3)] == [429] * 3
+        # a quota without period: lifted only by a reset, which other workers would not see
+        assert asks_redis(own_redis, client, "/echo/stock") == 200
+        assert [asks_redis(own_redis, client, "/echo/stock") for _ in range(3)] == [429] * 3
+
+
+def test_a_reload_forgets_every_refusal(tmp_path: Path, own_redis: RedisProcess, upstream: Upstream) -> None:
+    tag = uuid.uuid4().hex[:6]
+    gateway = GatewayProcess(ROUTES.format(tag=tag, upstream=upstream.url, limit=1), tmp_path,
+                             redis_url=own_redis.url)
+    gateway.start()
+    try:
+        with httpx.Client(base_url=gateway.url, headers=user()) as client:
+            assert [client.get("/echo/flood").status_code for _ in range(2)] == [200, 429]
+            before = decisions(own_redis)
+            assert client.get("/echo/flood").status_code == 429
+            assert decisions(own_redis) == before  # held
+            gateway.config_path.write_text(ROUTES.format(tag=tag, upstream=upstream.url, limit=5))
+            reload = httpx.post(gateway.admin_url + "/reload")
+            assert reload.status_code == 200, reload.text
+            assert asks_redis(own_redis, client, "/echo/flood") == 200
+    finally:
+        assert gateway.stop() == 0
