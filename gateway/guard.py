@@ -9,6 +9,7 @@ admitted one. It never sends anything itself.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 from starlette.types import Receive
@@ -71,16 +72,9 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
 
     if not rules:
         return Verdict("admitted", "", None, [], 0, view.body_prefix, more_body)
-    refusals = runtime.refusals
-    held = refusals.answer(keys, costs)
-    if held is not None:  # a refusal Redis gave and would give again: Redis is not asked
-        assert held.refused_by is not None
-        name = rules[held.refused_by].name
-        metrics.rule_decisions(route.name, name, "refused_locally").inc()
-        return Verdict("refused_locally", name, refusal(route, rules, held), [], 0, view.body_prefix, more_body)
-    sent = refusals.clock()
-    try:
-        decision = await runtime.limiter.decide(plan.args, keys, costs)
+    try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
+        ask = partial(runtime.limiter.decide, plan.args, keys, costs)
+        decision, from_memory = await runtime.refusals.decide(rules, keys, costs, ask)
     except RedisUnavailable as exc:
         metrics.REDIS_ERRORS.labels(redis_error_kind(exc)).inc()
         if route.failure_mode == "closed":
@@ -88,13 +82,16 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
             answer[1].append((b"retry-after", b"1"))
             return Verdict("failed_closed", "", answer, [], 0, view.body_prefix, more_body)
         return Verdict("failed_open", "", None, [], 0, view.body_prefix, more_body)
+    if from_memory:
+        assert decision.refused_by is not None
+        name = rules[decision.refused_by].name
+        metrics.rule_decisions(route.name, name, "refused_locally").inc()
+        return Verdict("refused_locally", name, refusal(route, rules, decision), [], 0, view.body_prefix, more_body)
     _count_rules(route.name, rules, decision)
     if not decision.admitted:
         assert decision.refused_by is not None
-        refusals.remember(rules, keys, costs, decision, sent)
         answer = refusal(route, rules, decision)
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
-    refusals.admitted(keys)
     headers = ratelimit_headers(route.headers, rules, decision)
     return Verdict("admitted", "", None, headers, decision.delay_ms, view.body_prefix, more_body)
 

@@ -24,9 +24,10 @@ turns it off). Each worker has its own; an admin reset clears the entries that r
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_MAX, Rule
 from gateway.limiter import Decision, Outcome, RuleState
@@ -53,10 +54,13 @@ _PLACEHOLDER = RuleState(Outcome.ADMITS, 0, 0)  # other rules' states: a refusal
 class _Held:
     """One refusal of one identity at one cost: until when it holds, and the refusing rule's part of
     what Redis said, as of when its reply arrived. Refusals of other costs of the same identity
-    chain on through `other`. Plain slots, no Decision kept: about 400 bytes less per entry."""
+    chain on through `other`. Plain slots, no Decision kept: about 400 bytes less per entry.
 
-    __slots__ = ("by", "costs", "other", "outcome", "received", "remaining", "reset", "retry", "rules",
-                 "until")
+    Past `until` an entry stays as a marker: the identity was refused lately, so of the requests
+    arriving together only one (the probe) asks Redis, the others wait for its answer."""
+
+    __slots__ = ("admitted_probes", "by", "costs", "other", "outcome", "probe", "received", "remaining",
+                 "reset", "retry", "rules", "until")
 
     def __init__(self, costs: Costs, until: float, received: int, decision: Decision,
                  other: _Held | None) -> None:
@@ -73,6 +77,20 @@ class _Held:
         self.remaining = state.remaining
         self.reset = state.reset_ms
         self.other = other
+        self.probe: asyncio.Future[None] | None = None
+        self.admitted_probes = 0
+
+    def answer(self, now: int) -> Decision:
+        """What Redis would answer now: the same refusal, its retry and reset counted down."""
+        elapsed = (now - self.received) // 1000 if now > self.received else 0
+        retry, reset = self.retry, self.reset
+        if retry is not None:
+            retry = max(1, retry - elapsed)
+        if reset > 0:
+            reset = max(0, reset - elapsed)
+        states = [_PLACEHOLDER] * self.rules
+        states[self.by] = RuleState(self.outcome, self.remaining, reset)
+        return Decision(False, self.by, retry, 0, tuple(states))
 
 
 class LocalRefusals:
@@ -93,36 +111,87 @@ class LocalRefusals:
     def __len__(self) -> int:
         return len(self.entries)
 
+    async def decide(self, rules: Sequence[Rule], keys: Sequence[str], costs: Sequence[int | None],
+                     ask: Callable[[], Awaitable[Decision]]) -> tuple[Decision, bool]:
+        """The decision for this request: from memory (True) while a refusal holds, else `ask()`'s
+        (Redis's, False), kept if it is a refusal that holds. `rules` are those taking part, in
+        order, as in the Decision; `keys` and `costs` are the route's, as given to the Limiter.
+
+        Under a flood, when a held refusal runs out the requests arriving together would all ask
+        Redis at once: one asks (the probe), the others wait for its answer and then look again.
+        Redis errors pass through (the caller's failure policy applies)."""
+        if not self.enabled:
+            return await ask(), False
+        identity, cost = tuple(keys), tuple(costs)
+        probing: _Held | None = None
+        while self.entries:
+            held = self._find(identity, cost)
+            if held is None:
+                break
+            now = self.clock()
+            if now < held.until:
+                self.entries.move_to_end(identity)
+                return held.answer(now), True
+            if held.probe is None:
+                probing = held
+                held.probe = asyncio.get_running_loop().create_future()
+                break
+            await asyncio.shield(held.probe)
+        sent = self.clock()
+        try:
+            decision = await ask()
+            if decision.admitted:
+                self._admitted(identity, probing)
+            elif not self.remember(rules, keys, costs, decision, sent) and probing is not None:
+                self._forget(identity, probing)
+            return decision, False
+        finally:
+            if probing is not None:
+                waiting, probing.probe = probing.probe, None
+                if waiting is not None:
+                    waiting.set_result(None)
+
     def answer(self, keys: Sequence[str], costs: Sequence[int | None]) -> Decision | None:
         """The refusal Redis would give this request now, or None: ask Redis."""
         if not self.entries:
             return None
         identity = tuple(keys)
-        first = self.entries.get(identity)
-        if first is None:
-            return None
-        cost = tuple(costs)
-        held: _Held | None = first
-        while held is not None and held.costs != cost:
-            held = held.other
+        held = self._find(identity, tuple(costs))
         if held is None:
             return None
         now = self.clock()
         if now >= held.until:
-            self._drop(identity, first, held)
             return None
         self.entries.move_to_end(identity)
-        elapsed = (now - held.received) // 1000 if now > held.received else 0
-        retry, reset = held.retry, held.reset
-        if retry is not None:
-            retry = max(1, retry - elapsed)
-        if reset > 0:
-            reset = max(0, reset - elapsed)
-        states = [_PLACEHOLDER] * held.rules
-        states[held.by] = RuleState(held.outcome, held.remaining, reset)
-        return Decision(False, held.by, retry, 0, tuple(states))
+        return held.answer(now)
 
-    def _drop(self, identity: Keys, first: _Held, gone: _Held) -> None:
+    def admitted(self, keys: Sequence[str]) -> None:
+        """Redis admitted a request on these keys (a cheaper one): the refusals held for them still
+        hold, but the remaining they report has changed; forget them."""
+        if self.entries:
+            self.entries.pop(tuple(keys), None)
+
+    def _admitted(self, identity: Keys, probing: _Held | None) -> None:
+        if not self.entries:
+            return
+        self.entries.pop(identity, None)
+        if probing is not None and probing.admitted_probes == 0:
+            # the first probe admitted after a refusal: the next one is likely refused again
+            # (a bucket refilled by one); keep the marker for one more probe
+            probing.admitted_probes, probing.other, probing.until = 1, None, -1
+            self.entries[identity] = probing
+            self._bound()
+
+    def _find(self, identity: Keys, cost: Costs) -> _Held | None:
+        held = self.entries.get(identity)
+        while held is not None and held.costs != cost:
+            held = held.other
+        return held
+
+    def _forget(self, identity: Keys, gone: _Held) -> None:
+        first = self.entries.get(identity)
+        if first is None:
+            return
         if first is gone:
             if gone.other is None:
                 del self.entries[identity]
@@ -130,10 +199,14 @@ class LocalRefusals:
                 self.entries[identity] = gone.other
             return
         held = first
-        while held.other is not gone:
-            assert held.other is not None
+        while held.other is not None and held.other is not gone:
             held = held.other
-        held.other = gone.other
+        if held.other is gone:
+            held.other = gone.other
+
+    def _bound(self) -> None:
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
 
     def remember(self, rules: Sequence[Rule], keys: Sequence[str], costs: Sequence[int | None],
                  decision: Decision, sent: int) -> bool:
@@ -148,14 +221,10 @@ class LocalRefusals:
         if until <= received:
             return False
         identity, cost = tuple(keys), tuple(costs)
+        old = self._find(identity, cost)
+        if old is not None:
+            self._forget(identity, old)
         first = self.entries.get(identity)
-        if first is not None:
-            held: _Held | None = first
-            while held is not None and held.costs != cost:
-                held = held.other
-            if held is not None:
-                self._drop(identity, first, held)
-            first = self.entries.get(identity)
         if first is not None:  # a few costs per identity at most: header costs are the client's
             held, n = first, 1
             while held.other is not None and n < COSTS_PER_IDENTITY - 1:
@@ -163,8 +232,7 @@ class LocalRefusals:
             held.other = None
         self.entries[identity] = _Held(cost, until, received, decision, first)
         self.entries.move_to_end(identity)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
+        self._bound()
         return True
 
     @staticmethod
@@ -193,12 +261,6 @@ class LocalRefusals:
         # Redis read its clock after `sent`; its wait was over 1000 * (hold - 1) µs
         span = 1000 * (hold - 1)
         return sent + span - span * PPM // 1_000_000 - 1
-
-    def admitted(self, keys: Sequence[str]) -> None:
-        """Redis admitted a request on these keys (a cheaper one): the refusals held for them still
-        hold, but the remaining they report has changed; forget them."""
-        if self.entries:
-            self.entries.pop(tuple(keys), None)
 
     def forget_key(self, key: str) -> int:
         """Drop every refusal that read `key` (an admin reset of it, called once the reset is done);

@@ -1,9 +1,10 @@
 """Refusals from memory (gateway/refusals.py, issue 13), against real Redis and real gateways.
 
-1. A property: the same requests at the same moments get the same answers with the cache as the
-   models (tests/support/limiter_models.py) give without it, for every algorithm, alone and in
-   routes of several rules; an answer from memory is the model's refusal (its rule, remaining,
-   and a retry and reset that count down, at most 1 ms above the model's).
+1. A property: the same requests at the same moments get the same answers through the cache
+   (LocalRefusals.decide, as gateway/guard.py calls it) as the models (tests/support/
+   limiter_models.py) give without it, for every algorithm, alone and in routes of several rules;
+   an answer from memory is the model's refusal (its rule, remaining, and a retry and reset that
+   count down, at most 1 ms above the model's).
 2. End to end: a request a held refusal covers never reaches Redis (INFO commandstats); an admin
    reset makes the next request admitted at once; and where memory must not answer (a cheaper
    request, a cost from a header, a leaky_bucket, a rule sitting out, a shadow rule, a quota without
@@ -12,19 +13,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tracemalloc
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Rule
-from gateway.limiter import Decision, Outcome, RuleState
+from gateway.limiter import Decision, Outcome, RuleState, rule_spec
 from gateway.refusals import LocalRefusals
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
@@ -62,6 +66,7 @@ def run_with_cache(engine: Engine, route: list[Rule], data: st.DataObject, start
     period = max(period_us(r) for r in route)
     t, hits, timed = start, 0, 0
     costs_now = [1] * len(route)
+    specs = [rule_spec(r) for r in route]
     for _ in range(data.draw(st.integers(1, 40), label="requests")):
         t += data.draw(st.one_of(st.just(0), st.integers(1, 3_000), st.integers(0, max(1, period // 4)),
                                  st.integers(0, 2 * period)), label="gap")
@@ -72,32 +77,26 @@ def run_with_cache(engine: Engine, route: list[Rule], data: st.DataObject, start
         clock.now = t
         expected = model.decide(t, costs_now)
         where = f"{route} at +{t - T0}us costs {costs_now}"
-        held = cache.answer(keys, costs_now)
-        if held is not None:
-            hits += 1
-            assert not expected.admitted, where
-            assert held.refused_by == expected.refused_by, where
-            assert held.refused_by is not None
-            answer = expected.rules[held.refused_by]
-            state = held.rules[held.refused_by]
-            if expected.retry_us is None:
-                # never fits: refused whatever the state; its rate-limit fields are as when Redis refused
-                assert held.retry_after_ms is None, where
-            else:
-                timed += 1
-                assert state.remaining == answer.remaining, where
-                assert held.retry_after_ms is not None, where
-                assert 0 <= held.retry_after_ms - ms(expected.retry_us) <= 1, where
-                assert 0 <= state.reset_ms - ms(answer.reset_us) <= 1, where
-            continue
-        decision = engine.decide(route, keys, costs_now)
+        ask = partial(engine.limiter.decide, specs, keys, costs_now)
+        decision, from_memory = engine.loop.run_until_complete(cache.decide(route, keys, costs_now, ask))
         assert decision.admitted == expected.admitted, where
         assert decision.refused_by == expected.refused_by, where
-        assert decision.retry_after_ms == (None if expected.retry_us is None else ms(expected.retry_us)), where
-        if decision.admitted:
-            cache.admitted(keys)
+        if not from_memory:
+            assert decision.retry_after_ms == (None if expected.retry_us is None else ms(expected.retry_us)), where
+            continue
+        hits += 1
+        assert decision.refused_by is not None
+        answer = expected.rules[decision.refused_by]
+        state = decision.rules[decision.refused_by]
+        if expected.retry_us is None:
+            # never fits: refused whatever the state; its rate-limit fields are as when Redis refused
+            assert decision.retry_after_ms is None, where
         else:
-            cache.remember(route, keys, costs_now, decision, sent=t)
+            timed += 1
+            assert state.remaining == answer.remaining, where
+            assert decision.retry_after_ms is not None, where
+            assert 0 <= decision.retry_after_ms - ms(expected.retry_us) <= 1, where
+            assert 0 <= state.reset_ms - ms(answer.reset_us) <= 1, where
     return hits, timed
 
 
@@ -139,6 +138,42 @@ def test_the_properties_did_answer_from_memory() -> None:
     kept = [a for a in HITS if a != "leaky_bucket"]
     assert all(HITS[a][1] > 0 for a in kept), HITS
     assert HITS.get("leaky_bucket", (0, 0))[1] == 0, HITS
+
+
+def script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    evalsha, eval_ = stats.get("cmdstat_evalsha", {}), stats.get("cmdstat_eval", {})
+    return int(evalsha.get("calls", 0)) - int(evalsha.get("failed_calls", 0)) + int(eval_.get("calls", 0))
+
+
+def test_when_a_refusal_runs_out_one_request_asks_for_all_that_arrive_together(engine: Engine) -> None:
+    """A flood does not turn into a burst of Redis calls each time a held refusal runs out: of 20
+    requests arriving together, one asks (admitted: the bucket gave one back), the next asks
+    (refused again, and held), and the other 18 are answered from memory. All as Redis would."""
+    rule = Rule("r", (), "token_bucket", rate=10.0, burst=1)
+    keys = fresh_keys(1)
+    clock = Clock()
+    cache = LocalRefusals(10, clock=clock)
+    specs = [rule_spec(rule)]
+
+    async def one() -> tuple[Decision, bool]:
+        return await cache.decide([rule], keys, [1], partial(engine.limiter.decide, specs, keys, [1]))
+
+    async def together(n: int) -> list[tuple[Decision, bool]]:
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    engine.at(T0)
+    clock.now = T0
+    first = engine.loop.run_until_complete(together(2))
+    assert [d.admitted for d, _ in first] == [True, False]
+    engine.at(T0 + 100_000)  # the token is back: the refusal ran out
+    clock.now = T0 + 100_000
+    before = script_calls(engine.client)
+    flood = engine.loop.run_until_complete(together(20))
+    assert script_calls(engine.client) - before == 2
+    assert [d.admitted for d, _ in flood] == [True] + [False] * 19
+    assert sum(1 for _, local in flood if local) == 18
+    assert all(d.retry_after_ms == 100 for d, _ in flood[1:])
 
 
 # --- the cache alone: bounds, reset, what it keeps --------------------------------------------------
