@@ -142,8 +142,10 @@ class LocalRefusals:
             decision = await ask()
             if decision.admitted:
                 self._admitted(identity, probing)
-            elif not self.remember(rules, keys, costs, decision, sent) and probing is not None:
-                self._forget(identity, probing)
+            else:
+                # a refusal too short to hold (its last millisecond) leaves the marker: those
+                # arriving meanwhile still ask one at a time, not all at once
+                self.remember(rules, keys, costs, decision, sent)
             return decision, False
         finally:
             if probing is not None:
