@@ -38,7 +38,7 @@ from gateway.identity import RequestView
 from gateway.limiter import Limiter
 from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
 from gateway.redis_backends import make_runner
-from gateway.responses import Headers, problem
+from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import RoutePlan, Runtime, build_runtime
 from gateway.settings import Settings, redis_settings
 
@@ -200,9 +200,9 @@ class Gateway:
             request_id = _new_request_id()
             return request_id, "", "bad_request", "", await _answer(send, answer, request_id)
         request_id = _request_id(request.request_id)
-        found = runtime.router.match(request.method, _hostname(request.host), request.path)
+        found = runtime.router.match(request.method, request.hostname, request.path)
         if found is None:
-            host = _hostname(request.host)
+            host = request.hostname
             allowed = runtime.router.allowed_methods(host, request.path)
             if allowed:  # a route owns this path under other methods: a catch-all may not take it
                 methods = ", ".join(sorted(allowed))
@@ -267,11 +267,8 @@ def _breaker_changed(state: BreakerState) -> None:
 
 
 async def _answer(send: Send, response: tuple[int, Headers, bytes], request_id: bytes) -> int:
-    status, headers, body = response
-    headers.append((b"x-request-id", request_id))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-    return status
+    response[1].append((b"x-request-id", request_id))
+    return await send_answer(send, response)
 
 
 _ID_PREFIX = os.urandom(10).hex().encode()  # per process; with the counter, unique without a syscall
@@ -286,15 +283,6 @@ def _request_id(sent: bytes | None) -> bytes:
     if sent is not None and 0 < len(sent) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in sent):
         return sent
     return _new_request_id()
-
-
-def _hostname(host: bytes | None) -> str:
-    if not host:
-        return ""
-    text = host.decode("latin-1").lower()
-    if text.startswith("["):
-        return text.split("]")[0] + "]"
-    return text.rsplit(":", 1)[0] if ":" in text else text
 
 
 # --- the application --------------------------------------------------------------------------
