@@ -59,7 +59,12 @@ def parse_frame(frame: str) -> tuple[str, str]:
 BOTTOM = ("uvicorn/server.py", "uvicorn/_compat.py", "uvicorn/main.py", "gateway/supervisor.py")
 
 
+# py-spy names files of a sub-package by their bare name: these are the gateway's.
+BARE = {name: f"gateway/http/{name}" for name in ("server.py", "transport.py", "request.py")}
+
+
 def area_of(file: str) -> str | None:
+    file = BARE.get(file, file)
     if file.startswith(BOTTOM):
         return None
     for area, patterns in AREAS:
