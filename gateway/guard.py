@@ -17,7 +17,7 @@ from gateway import metrics
 from gateway.config import Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.identity import RequestView, rule_identity
-from gateway.keys import identity_token
+from gateway.keys import rule_key
 from gateway.limiter import Decision, Outcome
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime
@@ -59,7 +59,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
                 costs.append(None)
                 continue
             rules.append(rule)
-            keys.append(plan.prefix_keys[i] + identity_token(parts))
+            keys.append(rule_key(plan.prefix_keys[i], parts))
             costs.append(_cost(rule, view))
     except IdentityMissing as exc:
         answer = problem(400, str(exc), route=route.name, rule=exc.rule)
