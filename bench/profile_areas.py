@@ -20,8 +20,8 @@ from typing import Any
 # (area, file patterns) in priority order for one frame; the first area that matches a frame wins.
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics (prometheus_client)", ("prometheus_client/", "gateway/metrics.py")),
-    ("Redis client (ours: RESP, pipelining, hiredis)", (
-        "gateway/redis_client.py", "gateway/redis_backends.py", "gateway/scripts.py", "hiredis",
+    ("Redis client (redis-py + hiredis, gateway/redis/ batching)", (
+        "gateway/redis/", "gateway/scripts.py", "site-packages/redis/", "hiredis",
     )),
     ("upstream HTTP client (gateway/upstream_http.py, proxy.py)", ("gateway/upstream_http.py", "gateway/proxy.py")),
     ("client-side HTTP (gateway/http_protocol.py on httptools; uvicorn)", (

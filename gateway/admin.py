@@ -19,7 +19,6 @@ from gateway.config import load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token
 from gateway.limiter import Outcome
-from gateway.redis_client import RedisReplyError
 from gateway.responses import Headers, problem
 
 if TYPE_CHECKING:
@@ -91,11 +90,9 @@ class Admin:
         if runtime is None or not self.gateway.ready:
             return problem(503, "configuration not loaded yet")
         try:
-            reply = await runtime.limiter.runner.command(None, "PING")
+            await runtime.limiter.ping()
         except RedisUnavailable as exc:
             return problem(503, f"Redis is not answering: {exc}")
-        if isinstance(reply, RedisReplyError):
-            return problem(503, f"Redis answered PING with an error: {reply}")
         return _json(200, {"status": "ready", "routes": len(runtime.config.routes)})
 
     async def reload(self) -> Response:
@@ -139,8 +136,8 @@ class Admin:
             return problem(400, f"give one key= per identity source of the rule ({sources})")
         key = plan.prefix_keys[index] + identity_token(values)
         if method == "DELETE":
-            deleted = await runtime.limiter.runner.command(key, "DEL", key)
-            return _json(200, {"route": route_name, "rule": rule_name, "key": key, "reset": bool(deleted)})
+            deleted = await runtime.limiter.reset(key)
+            return _json(200, {"route": route_name, "rule": rule_name, "key": key, "reset": deleted})
         decision = await runtime.limiter.decide([plan.args[index]], [key], [0], peek=True)
         state = decision.rules[0]
         return _json(200, {

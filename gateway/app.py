@@ -32,7 +32,7 @@ from gateway.identity import RequestView, rule_identity
 from gateway.keys import identity_token
 from gateway.limiter import Decision, Limiter, Outcome
 from gateway.proxy import HOP_BY_HOP, ClientDisconnected, ClientTooSlow, RequestBody, hop_by_hop
-from gateway.redis_backends import make_runner
+from gateway.redis import make_runner
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime, build_runtime
 from gateway.settings import Settings, redis_settings
@@ -101,7 +101,7 @@ class Gateway:
             return
         for pool in runtime.pools.values():
             await pool.close()
-        runtime.limiter.runner.close()
+        await runtime.limiter.close()
 
     def reload(self) -> tuple[bool, str]:
         """Validate the file and swap it in; on any error the old config stays in force."""
@@ -153,7 +153,7 @@ class Gateway:
             if new.pools.get(name) is not pool:
                 await pool.close()
         if new.limiter is not old.limiter:
-            old.limiter.runner.close()
+            await old.limiter.close()
 
     # --- ASGI ------------------------------------------------------------------------------
 
@@ -261,7 +261,7 @@ class Gateway:
             try:
                 decision = await runtime.limiter.decide(plan.args, keys, costs)
             except RedisUnavailable as exc:
-                metrics.REDIS_ERRORS.labels(_redis_error_kind(exc)).inc()
+                metrics.REDIS_ERRORS.labels(exc.kind).inc()
                 if route.failure_mode == "closed":
                     body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
                     body[1].append((b"retry-after", b"1"))
@@ -347,17 +347,6 @@ def _observe_redis(seconds: float, ok: bool) -> None:
 
 def _breaker_changed(state: BreakerState) -> None:
     metrics.BREAKER.set(int(state))
-
-
-def _redis_error_kind(exc: RedisUnavailable) -> str:
-    text = str(exc)
-    if "breaker" in text:
-        return "breaker_open"
-    if "in time" in text or "timed out" in text:
-        return "timeout"
-    if "refused the decision" in text:
-        return "error_reply"
-    return "connection"
 
 
 def _count_rules(route: str, rules: list[Any], decision: Decision) -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis.crc import key_slot
 
 from gateway.config import RedisSettings, Rule, Source
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis_backends import ClusterRunner, key_slot
+from gateway.redis import make_runner
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.upstream import Upstream
@@ -31,7 +32,7 @@ def cluster() -> Iterator[RedisCluster]:
 def test_key_slot_matches_redis(cluster: RedisCluster) -> None:
     client = cluster.nodes[0].client()
     for key in ["plain", "rlgw:{seckill}:user:alice", "{}x", "a{b}c{d}", "{{x}}", "é{ü}"]:
-        assert key_slot(key) == client.execute_command("CLUSTER", "KEYSLOT", key)
+        assert key_slot(key.encode()) == client.execute_command("CLUSTER", "KEYSLOT", key)
 
 
 def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) -> None:
@@ -44,8 +45,7 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
     run_id = uuid.uuid4().hex[:6]  # fresh identities, so state left by another test never counts
 
     async def run() -> dict[str, list[bool]]:
-        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
-        limiter = Limiter(runner)
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
         out: dict[str, list[bool]] = {}
         for route in routes:
             out[route] = []
@@ -55,7 +55,7 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
                         state_key("rlgw", route, "stock", f"42-{run_id}")]
                 decision = await limiter.decide([rule_spec(r) for r in rules], keys, [1, 1, 1])
                 out[route].append(decision.admitted)
-        runner.close()
+        await limiter.close()
         return out
 
     results = asyncio.run(run())
@@ -91,14 +91,13 @@ def test_a_moved_slot_costs_no_error_and_no_count(cluster: RedisCluster) -> None
     rule = Rule("stock", (), "quota", limit=6)
 
     async def run() -> list[bool]:
-        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
-        limiter = Limiter(runner)
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(3)]
         before = cluster.owner_of(key).port
-        _move_slot(cluster, key_slot(key))
+        _move_slot(cluster, key_slot(key.encode()))
         assert cluster.owner_of(key).port != before
         admitted += [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(5)]
-        runner.close()
+        await limiter.close()
         return admitted
 
     assert asyncio.run(run()) == [True] * 6 + [False] * 2

@@ -14,7 +14,7 @@ from gateway.config import RedisSettings, Rule
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis_backends import SentinelRunner
+from gateway.redis import SentinelRunner, make_runner
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
@@ -92,8 +92,7 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
     key = state_key("rlgw", "sale", "stock", "~")
 
     async def run() -> list[bool]:
-        runner = SentinelRunner(settings)
-        limiter = Limiter(runner)
+        limiter = Limiter(make_runner(settings))
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(4)]
         wait_until(lambda: replica.client().get(key) == b"4")
         sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
@@ -102,7 +101,7 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
         # writes between the promotion and the runner's next look at the sentinels go to the old
         # primary and are lost when it is demoted (asynchronous replication); the runner looks
         # every check_interval seconds
-        await asyncio.sleep(runner.check_interval * 1.5)
+        await asyncio.sleep(SentinelRunner.check_interval * 1.5)
         await limiter.decide([rule_spec(rule)], [key], [0], peek=True)  # triggers the look
         await asyncio.sleep(0.3)
         errors = 0
@@ -111,7 +110,7 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
                 admitted.append((await limiter.decide([rule_spec(rule)], [key], [1])).admitted)
             except RedisUnavailable:
                 errors += 1
-        runner.close()
+        await limiter.close()
         assert errors == 0
         return admitted
 
@@ -124,8 +123,9 @@ def test_no_sentinel_answering_is_redis_unavailable(tmp_path: Path) -> None:
                              sentinel_master="mymaster")
 
     async def run() -> None:
-        limiter = Limiter(SentinelRunner(settings))
+        limiter = Limiter(make_runner(settings))
         with pytest.raises(RedisUnavailable):
             await limiter.decide([rule_spec(Rule("q", (), "quota", limit=1))], ["rlgw:{x}:q:~"], [1])
+        await limiter.close()
 
     asyncio.run(run())
