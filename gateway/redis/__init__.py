@@ -20,6 +20,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 from gateway.config import RedisSettings
+from gateway.redis import connections
 from gateway.redis.cluster import ClusterRunner
 from gateway.redis.standalone import PipelineRunner, SentinelRunner
 
@@ -29,11 +30,14 @@ Runner = PipelineRunner | SentinelRunner | ClusterRunner
 
 
 def _options(settings: RedisSettings) -> dict[str, object]:
-    """Connection options every mode shares. No retries inside redis-py: a decision is not
-    idempotent (a reply lost after Redis ran the script must not run it twice), and the time
-    budget is the batch's; a dead pooled connection is replaced when it is taken from the pool."""
+    """Connection options every mode shares.
+
+    No retries inside redis-py: a decision is not idempotent (a reply lost after Redis ran the
+    script must not run it twice), and the time budget is the batch's; a dead pooled connection is
+    replaced when it is taken from the pool. No socket_timeout on reads: the batch's deadline
+    bounds them (gateway/redis/batch.py); connecting has its own timeout."""
     return {
-        "socket_timeout": settings.timeout,
+        "socket_timeout": None,
         "socket_connect_timeout": settings.timeout,
         "retry": Retry(NoBackoff(), 0),
     }
@@ -71,9 +75,14 @@ def make_runner(settings: RedisSettings) -> Runner:
         return ClusterRunner(RedisCluster.from_url(settings.url, **options), settings.timeout)
     if settings.mode == "sentinel":
         addresses, primary = sentinel_addresses(settings.url)
-        sentinel_options = dict(options)
+        # the sentinels are asked off the decision path (on connect, and by the check): a socket
+        # timeout there costs nothing
+        sentinel_options = {**options, "socket_timeout": settings.timeout}
         if primary.get("ssl"):
             sentinel_options["ssl"] = True
+        primary["connection_class"] = (
+            connections.SentinelTlsConnection if primary.pop("ssl", False) else connections.SentinelConnection)
         sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_options, **options, **primary)
         return SentinelRunner(sentinel, settings.sentinel_master, settings.timeout)
+    options["connection_class"] = connections.for_url(settings.url)
     return PipelineRunner(Redis.from_url(settings.url, **options), settings.timeout)  # type: ignore[arg-type]

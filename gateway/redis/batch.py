@@ -9,9 +9,11 @@ Time: a call's budget (redis.timeout) starts when it is queued. All calls of a b
 the same tick, so the batch carries one deadline, that of its first call, and its task runs under
 `asyncio.timeout_at(deadline)`: connecting, the pipeline, a NOSCRIPT reload, redirections and
 their retries all fit in it, and when it passes every call still waiting fails with RedisTimeout.
-redis-py's socket timeouts (set to the same budget) stay as a second guard below it. A cancelled
-pipeline disconnects its connection (redis-py does that on any exception while reading), so no
-reply is ever read by the wrong caller.
+Connecting has redis-py's socket_connect_timeout (the same budget) below it; reading has no
+socket_timeout of its own: it would put a second timer around every reply (measured: +3 µs of
+client CPU per decision, a fifth of the total) for a bound the batch's deadline already sets. A
+cancelled pipeline disconnects its connection (redis-py does that on any exception while reading),
+so no reply is ever read by the wrong caller.
 
 At most `max_batches` batches are in flight; calls queued meanwhile wait for the next free one and
 so ride in bigger batches when Redis is slow (their deadline still counts from when they queued).
@@ -29,6 +31,8 @@ from gateway.scripts import Script
 
 Arg = bytes | str | int
 
+EVALSHA = b"EVALSHA"  # bytes: redis-py's packer looks for a space in a str command name
+
 
 class Call:
     """One script call waiting for its reply."""
@@ -37,7 +41,7 @@ class Call:
 
     def __init__(self, script: Script, command: tuple[Arg, ...], future: asyncio.Future[Any]) -> None:
         self.script = script
-        self.command = command  # ("EVALSHA", sha, numkeys, *keys, *args)
+        self.command = command  # (b"EVALSHA", sha, numkeys, *keys, *args)
         self.future = future
 
     def settle(self, result: Any) -> None:
@@ -77,7 +81,7 @@ class Batcher:
         future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:
             self._deadline = loop.time() + self.timeout
-        self._pending.append(Call(script, ("EVALSHA", script.sha, len(keys), *keys, *args), future))
+        self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
         if not self._scheduled and self._in_flight < self.max_batches:
             self._scheduled = True
             loop.call_soon(self._flush)

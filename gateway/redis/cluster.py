@@ -177,4 +177,7 @@ class ClusterRunner(Batcher):
         await self.drain()
         if self._refresh is not None:
             self._refresh.cancel()
-        await self.cluster.aclose()
+        try:
+            await self.cluster.aclose()
+        except REDIS_FAILURES as exc:  # closing a connection that already broke
+            log.debug("closing the Redis Cluster connections: %s", exc)

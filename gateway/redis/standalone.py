@@ -71,7 +71,10 @@ class PipelineRunner(Batcher):
 
     async def close(self) -> None:
         await self.drain()
-        await self.client.aclose()
+        try:
+            await self.client.aclose()
+        except REDIS_FAILURES as exc:  # closing a connection that already broke
+            log.debug("closing the Redis connections: %s", exc)
 
 
 class SentinelRunner(PipelineRunner):
@@ -134,4 +137,7 @@ class SentinelRunner(PipelineRunner):
         if self._checking is not None:
             self._checking.cancel()
         await super().close()
-        await self.sentinel.aclose()
+        try:
+            await self.sentinel.aclose()
+        except REDIS_FAILURES as exc:
+            log.debug("closing the sentinel connections: %s", exc)
