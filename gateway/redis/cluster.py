@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 from redis import exceptions as rx
@@ -56,6 +57,7 @@ class ClusterRunner(Batcher):
     def __init__(self, cluster: RedisCluster, timeout: float) -> None:
         super().__init__(timeout)
         self.cluster = cluster
+        self.redirects: Counter[str] = Counter()  # replies answered by sending again, by kind
         self._refresh: asyncio.Task[None] | None = None
 
     async def _send(self, batch: list[Call]) -> None:
@@ -101,19 +103,25 @@ class ClusterRunner(Batcher):
                 if isinstance(reply, rx.MovedError):  # (a subclass of AskError: first)
                     await manager.move_slot(reply)
                     item.ask = None
+                    kind = "moved"
                 elif isinstance(reply, rx.AskError):
                     item.ask = self._node(reply.host, reply.port)
+                    kind = "ask"
                 elif isinstance(reply, rx.TryAgainError):
                     pause = max(pause, TRYAGAIN_PAUSE)
+                    kind = "tryagain"
                 elif isinstance(reply, rx.ClusterDownError):
                     await manager.initialize()
                     item.ask = None
                     pause = REFRESH_PAUSE
+                    kind = "clusterdown"
                 elif isinstance(reply, rx.NoScriptError) and not item.reload:
                     item.reload = True
+                    kind = "noscript"
                 else:
                     item.call.settle(reply)
                     continue
+                self.redirects[kind] += 1
                 again.append(item)
         return again, pause
 
