@@ -106,7 +106,11 @@ class Batcher:
             self._fail(batch, RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms"))
         except REDIS_FAILURES as exc:
             self._fail(batch, convert(exc))
-        except BaseException as exc:  # a bug, or the loop shutting down: never leave a caller hanging
+        except asyncio.CancelledError:  # the loop is shutting down: so are the callers
+            for call in batch:
+                call.future.cancel()
+            raise
+        except BaseException as exc:  # a bug: never leave a caller hanging
             self._fail(batch, exc)
             raise
         finally:
