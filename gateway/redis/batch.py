@@ -37,12 +37,13 @@ EVALSHA = b"EVALSHA"  # bytes: redis-py's packer looks for a space in a str comm
 class Call:
     """One script call waiting for its reply."""
 
-    __slots__ = ("command", "future", "script")
+    __slots__ = ("command", "future", "reply", "script")
 
     def __init__(self, script: Script, command: tuple[Arg, ...], future: asyncio.Future[Any]) -> None:
         self.script = script
         self.command = command  # (b"EVALSHA", sha, numkeys, *keys, *args)
         self.future = future
+        self.reply: BaseException | None = None  # an error reply held back while the runner decides
 
     def settle(self, result: Any) -> None:
         """Hand over a reply: a list, or an exception redis-py put in its place."""
