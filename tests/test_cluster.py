@@ -1,9 +1,12 @@
-"""Redis Cluster: three real primaries. One decision = one call to the node owning the route's
-hash tag; a slot that moves while the gateway runs costs no decision an error, and no count."""
+"""Redis Cluster: three real primaries (six processes with their replicas for the failover). One
+decision = one call to the node owning the route's hash tag; a slot that moves while the gateway
+runs costs no decision an error, and no count (tests/test_cluster_resharding.py moves one under
+load); a dead primary fails its decisions only until its replica is promoted."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 from redis.crc import key_slot
 
 from gateway.config import RedisSettings, Rule, Source
+from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
 from gateway.redis import make_runner
@@ -129,3 +133,52 @@ def test_gateway_in_cluster_mode_end_to_end(cluster: RedisCluster, upstream: Ups
         assert statuses.count(429) == 23
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_primary_failover_fails_decisions_only_until_its_replica_takes_over() -> None:
+    """Six processes: three primaries, a replica each. The primary of a route's slot is killed: its
+    decisions fail (fast, never past redis.timeout) until Cluster promotes the replica, then the
+    runner finds it and they carry on from the replica's copy of the state."""
+    c = RedisCluster(replicas=1)
+    c.start()
+    try:
+        route = f"failover-{uuid.uuid4().hex[:6]}"
+        key = state_key("rlgw", route, "stock", "~")
+        rule = [rule_spec(Rule("stock", (), "quota", limit=10_000))]
+        victim = c.owner_of(key)
+        replica = c.replica_of(victim)
+        seed = next(n for n in c.nodes if n.port not in (victim.port, replica.port))
+        timeout = 0.5
+
+        async def run() -> tuple[int, list[tuple[float, bool]]]:
+            limiter = Limiter(make_runner(RedisSettings(url=seed.url, mode="cluster", timeout=timeout)))
+            for _ in range(20):
+                assert (await limiter.decide(rule, [key], [1])).admitted
+            assert victim.client().execute_command("WAIT", 1, 5000) == 1  # the replica has all 20
+            assert victim.process is not None
+            victim.process.kill()
+            victim.process.wait()
+            calls: list[tuple[float, bool]] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                try:
+                    await limiter.decide(rule, [key], [1])
+                    calls.append((time.perf_counter() - started, True))
+                except RedisUnavailable:
+                    calls.append((time.perf_counter() - started, False))
+                if len(calls) >= 20 and all(ok for _, ok in calls[-20:]):
+                    break
+                await asyncio.sleep(0.05)
+            await limiter.close()
+            return sum(ok for _, ok in calls), calls
+
+        admitted_after, calls = asyncio.run(run())
+        failed = sum(not ok for _, ok in calls)
+        print(f"after the kill: {failed} failed, {admitted_after} admitted; slowest {max(t for t, _ in calls):.3f}s")
+        assert all(ok for _, ok in calls[-20:])  # the replica took over and the runner found it
+        assert max(t for t, _ in calls) < timeout + 0.1
+        assert c.owner_of(key).port == replica.port
+        assert replica.client().get(key) == str(20 + admitted_after).encode()  # no count lost
+    finally:
+        c.stop()
