@@ -182,3 +182,21 @@ def test_a_primary_failover_fails_decisions_only_until_its_replica_takes_over() 
         assert replica.client().get(key) == str(20 + admitted_after).encode()  # no count lost
     finally:
         c.stop()
+
+
+def test_ping_and_reset_reach_the_right_nodes(cluster: RedisCluster) -> None:
+    keys = [state_key("rlgw", f"r{i}", "stock", f"reset-{uuid.uuid4().hex[:6]}") for i in range(6)]
+    rule = [rule_spec(Rule("stock", (), "quota", limit=1))]
+
+    async def run() -> list[tuple[bool, bool, bool]]:
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
+        await limiter.ping()
+        out = []
+        for key in keys:  # on all three primaries
+            assert (await limiter.decide(rule, [key], [1])).admitted
+            refused = not (await limiter.decide(rule, [key], [1])).admitted
+            out.append((refused, await limiter.reset(key), (await limiter.decide(rule, [key], [1])).admitted))
+        await limiter.close()
+        return out
+
+    assert asyncio.run(run()) == [(True, True, True)] * len(keys)

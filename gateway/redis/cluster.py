@@ -76,14 +76,14 @@ class ClusterRunner(Batcher):
         groups: dict[str, tuple[ClusterNode, list[_Pending]]] = {}
         again: list[_Pending] = []
         pause = 0.0
+        refresh = False
         for item in todo:
             if item.ask is not None:
                 node = item.ask
             else:
                 try:
                     node = manager.get_node_from_slot(item.slot)
-                except rx.SlotNotCoveredError:
-                    await manager.initialize()
+                except rx.SlotNotCoveredError:  # read the map again below, then send again
                     again.append(item)
                     pause = REFRESH_PAUSE
                     continue
@@ -92,6 +92,8 @@ class ClusterRunner(Batcher):
                 groups[node.name] = (node, [item])
             else:
                 group[1].append(item)
+        if pause:
+            await manager.initialize()
         answers = await asyncio.gather(*(self._node_pipeline(node, items) for node, items in groups.values()))
         for (_node, items), replies in zip(groups.values(), answers, strict=True):
             for item, reply in zip(items, replies, strict=True):
@@ -111,7 +113,7 @@ class ClusterRunner(Batcher):
                     pause = max(pause, TRYAGAIN_PAUSE)
                     kind = "tryagain"
                 elif isinstance(reply, rx.ClusterDownError):
-                    await manager.initialize()
+                    refresh = True
                     item.ask = None
                     pause = REFRESH_PAUSE
                     kind = "clusterdown"
@@ -123,6 +125,8 @@ class ClusterRunner(Batcher):
                     continue
                 self.redirects[kind] += 1
                 again.append(item)
+        if refresh:
+            await manager.initialize()
         return again, pause
 
     async def _node_pipeline(self, node: ClusterNode, items: list[_Pending]) -> list[Any]:
