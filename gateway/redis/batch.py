@@ -72,13 +72,10 @@ class Batcher:
         self._scheduled = False
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> asyncio.Future[Any]:
         """Queue one EVALSHA; the future resolves to its reply. No coroutine frame per call."""
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:
             self._deadline = loop.time() + self.timeout
@@ -94,8 +91,7 @@ class Batcher:
             return
         batch, self._pending = self._pending, []
         self._in_flight += 1
-        assert self._loop is not None
-        task = self._loop.create_task(self._execute(batch, self._deadline))
+        task = asyncio.get_running_loop().create_task(self._execute(batch, self._deadline))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -118,8 +114,7 @@ class Batcher:
             self._in_flight -= 1
             if self._pending and not self._scheduled:
                 self._scheduled = True
-                assert self._loop is not None
-                self._loop.call_soon(self._flush)
+                asyncio.get_running_loop().call_soon(self._flush)
 
     @staticmethod
     def _fail(batch: list[Call], exc: BaseException) -> None:

@@ -83,17 +83,16 @@ class ClusterRunner(Batcher):
             else:
                 try:
                     node = manager.get_node_from_slot(item.slot)
-                except rx.SlotNotCoveredError:  # read the map again below, then send again
+                except rx.SlotNotCoveredError:  # read the map again, then send again
                     again.append(item)
                     pause = REFRESH_PAUSE
+                    refresh = True
                     continue
             group = groups.get(node.name)
             if group is None:
                 groups[node.name] = (node, [item])
             else:
                 group[1].append(item)
-        if pause:
-            await manager.initialize()
         answers = await asyncio.gather(*(self._node_pipeline(node, items) for node, items in groups.values()))
         for (_node, items), replies in zip(groups.values(), answers, strict=True):
             for item, reply in zip(items, replies, strict=True):
