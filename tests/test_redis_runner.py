@@ -20,6 +20,7 @@ from gateway.errors import BreakerOpen, RedisConnectionFailed, RedisErrorReply, 
 from gateway.keys import state_key
 from gateway.limiter import Decision, Limiter, rule_spec
 from gateway.redis import PipelineRunner, make_runner
+from gateway.redis.connections import HiredisPacking
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 
@@ -162,3 +163,17 @@ def test_ping_reset_and_close(where: str) -> None:
         assert proc.url.startswith("unix://" if where == "unix" else "redis://")
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize(("url", "db"), [
+    ("redis://:pw@h:1/5", 5), ("rediss://u:p@h:6380/2?ssl_cert_reqs=none", 2), ("unix:///tmp/r.sock?db=3", 3),
+])
+def test_every_url_gets_connections_that_pack_with_hiredis(url: str, db: int) -> None:
+    runner = make_runner(RedisSettings(url=url, timeout=0.05))
+    assert isinstance(runner, PipelineRunner)
+    pool = runner.client.connection_pool
+    assert issubclass(pool.connection_class, HiredisPacking)
+    assert pool.connection_kwargs["db"] == db
+    assert pool.connection_kwargs["socket_connect_timeout"] == 0.05
+    packed = pool.make_connection().pack_command(b"EVALSHA", b"ab", 1, "k", 7)  # type: ignore[no-untyped-call]
+    assert packed == [b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"]

@@ -11,10 +11,12 @@ Inside this package `import redis` is redis-py (imports are absolute).
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
@@ -29,7 +31,7 @@ __all__ = ["ClusterRunner", "PipelineRunner", "Runner", "SentinelRunner", "make_
 Runner = PipelineRunner | SentinelRunner | ClusterRunner
 
 
-def _options(settings: RedisSettings) -> dict[str, object]:
+def _options(settings: RedisSettings) -> dict[str, Any]:
     """Connection options every mode shares.
 
     No retries inside redis-py: a decision is not idempotent (a reply lost after Redis ran the
@@ -84,5 +86,8 @@ def make_runner(settings: RedisSettings) -> Runner:
             connections.SentinelTlsConnection if primary.pop("ssl", False) else connections.SentinelConnection)
         sentinel = Sentinel(addresses, sentinel_kwargs=sentinel_options, **options, **primary)
         return SentinelRunner(sentinel, settings.sentinel_master, settings.timeout)
-    options["connection_class"] = connections.for_url(settings.url)
-    return PipelineRunner(Redis.from_url(settings.url, **options), settings.timeout)  # type: ignore[arg-type]
+    # what Redis.from_url does, but with our connection class: the URL's own (unix://, rediss://)
+    # would win over a keyword argument
+    url_options: dict[str, Any] = dict(parse_url(settings.url))
+    url_options["connection_class"] = connections.for_url(settings.url)
+    return PipelineRunner(Redis.from_pool(ConnectionPool(**{**options, **url_options})), settings.timeout)

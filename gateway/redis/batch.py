@@ -16,7 +16,7 @@ cancelled pipeline disconnects its connection (redis-py does that on any excepti
 so no reply is ever read by the wrong caller.
 
 At most `max_batches` batches are in flight; calls queued meanwhile wait for the next free one and
-so ride in bigger batches when Redis is slow (their deadline still counts from when they queued).
+so ride in bigger batches when Redis is slow (the deadline is still that of the first of them).
 """
 
 from __future__ import annotations
