@@ -19,7 +19,8 @@ from gateway.config import RedisSettings, Rule, Source
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis import make_runner
+from gateway.redis import ClusterRunner, make_runner
+from gateway.redis.connections import HiredisPacking
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.upstream import Upstream
@@ -189,8 +190,12 @@ def test_ping_and_reset_reach_the_right_nodes(cluster: RedisCluster) -> None:
     rule = [rule_spec(Rule("stock", (), "quota", limit=1))]
 
     async def run() -> list[tuple[bool, bool, bool]]:
-        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
+        runner = make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
+        assert isinstance(runner, ClusterRunner)
+        limiter = Limiter(runner)
         await limiter.ping()
+        # every node's connections pack commands with hiredis, as in the other modes
+        assert all(issubclass(node.connection_class, HiredisPacking) for node in runner.cluster.get_nodes())
         out = []
         for key in keys:  # on all three primaries
             assert (await limiter.decide(rule, [key], [1])).admitted

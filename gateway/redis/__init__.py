@@ -74,7 +74,11 @@ def sentinel_addresses(url: str) -> tuple[list[tuple[str, int]], dict[str, objec
 def make_runner(settings: RedisSettings) -> Runner:
     options = _options(settings)
     if settings.mode == "cluster":
-        return ClusterRunner(RedisCluster.from_url(settings.url, **options), settings.timeout)
+        cluster = RedisCluster.from_url(settings.url, **options)
+        # RedisCluster has no connection_class option (it picks Connection or SSLConnection): the
+        # nodes it discovers take their options from its NodesManager, so ours goes there
+        cluster.nodes_manager.connection_kwargs["connection_class"] = connections.for_url(settings.url)
+        return ClusterRunner(cluster, settings.timeout)
     if settings.mode == "sentinel":
         addresses, primary = sentinel_addresses(settings.url)
         # the sentinels are asked off the decision path (on connect, and by the check): a socket
