@@ -18,8 +18,15 @@ this module only groups and answers the replies that are not results, per call:
 Each of these replies means Redis did not run the script, so sending it again cannot count it twice.
 A connection that fails while replies are read may have run it: those calls fail (RedisUnavailable)
 and the slot map is read again in the background, for the calls after them.
-Every retry happens inside the batch's deadline (redis.timeout); redis-py's ClusterPipeline is not
-used because it retries ASK through that separate ASKING and leaves CLUSTERDOWN and NOSCRIPT to us.
+Every retry happens inside the batch's deadline (redis.timeout).
+
+redis-py's ClusterPipeline (8.1) is not used: it sends the MOVED/ASK/TRYAGAIN calls of a batch again
+one by one through RedisCluster.execute_command, whose ASK path is the separate ASKING above, and
+which every 5th MOVED closes every node connection (in-flight calls of other batches included) to
+read the map again; CLUSTERDOWN and NOSCRIPT it leaves to the caller. Under the live-resharding
+test (tests/test_cluster_resharding.py) it failed 196 decisions (ClusterError "TTL exhausted",
+ConnectionError); this module fails none. Its parts that work are used: the slot map
+(NodesManager), the node connections and their one-connection pipeline (ClusterNode).
 """
 
 from __future__ import annotations
