@@ -20,8 +20,8 @@ from typing import Any
 # (area, file patterns) in priority order for one frame; the first area that matches a frame wins.
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics (prometheus_client)", ("prometheus_client/", "gateway/metrics.py")),
-    ("Redis client (redis-py, hiredis, gateway/redis*)", (
-        "/redis/", "gateway/redis", "gateway/scripts.py", "hiredis",
+    ("Redis client (redis-py + hiredis, gateway/redis/ batching)", (
+        "redis/", "gateway/scripts.py", "hiredis",
     )),
     ("httpx models (Request, Headers, Response)", ("httpx/",)),
     ("upstream transport (gateway/http/transport.py; httpcore, h11, h2)", (

@@ -73,7 +73,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     try:
         decision = await runtime.limiter.decide(plan.args, keys, costs)
     except RedisUnavailable as exc:
-        metrics.REDIS_ERRORS.labels(redis_error_kind(exc)).inc()
+        metrics.REDIS_ERRORS.labels(exc.kind).inc()
         if route.failure_mode == "closed":
             answer = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
             answer[1].append((b"retry-after", b"1"))
@@ -86,20 +86,6 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
     headers = ratelimit_headers(route.headers, rules, decision)
     return Verdict("admitted", "", None, headers, decision.delay_ms, view.body_prefix, more_body)
-
-
-def redis_error_kind(exc: RedisUnavailable) -> str:
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str):
-        return kind
-    text = str(exc)
-    if "breaker" in text:
-        return "breaker_open"
-    if "in time" in text or "timed out" in text:
-        return "timeout"
-    if "refused the decision" in text:
-        return "error_reply"
-    return "connection"
 
 
 def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:

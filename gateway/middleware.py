@@ -22,17 +22,14 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.breaker import Breaker
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import BadRequest
 from gateway.guard import judge
 from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, read_request
 from gateway.identity import RequestView
-from gateway.limiter import Limiter
-from gateway.redis_backends import make_runner
 from gateway.responses import problem, send_answer
-from gateway.runtime import Runtime, build_runtime
+from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 
 
@@ -91,13 +88,13 @@ class RateLimitMiddleware:
                     atexit.register(self.embedded.stop)
                     settings = Settings(config_path=settings.config_path, embedded_redis_url=self.embedded.url)
                 redis = redis_settings(settings, self.config)
-                self.runtime = build_runtime(self.config, redis, Limiter(make_runner(redis), Breaker()))
+                self.runtime = build_runtime(self.config, redis, new_limiter(redis))
             return self.runtime
 
     async def close(self) -> None:
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
-            runtime.limiter.runner.close()
+            await runtime.limiter.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None
