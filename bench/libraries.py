@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import uvloop
 from starlette.applications import Starlette
-from starlette.routing import Mount
+from starlette.routing import Match, Mount
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -80,6 +80,33 @@ def frame(n: int) -> dict[str, float]:
     starlette = cpu_per_call(n, loop(app))
     return {"pure ASGI endpoint": plain, "Starlette app (AdminPort + Mount)": starlette,
             "Starlette frame, added": starlette - plain}
+
+
+def matching(n: int) -> dict[str, float]:
+    """The repository's routes.yaml (seckill, then a catch-all): our router vs Starlette's routes."""
+    from starlette.routing import Route as StarletteRoute
+
+    from gateway.config import load_config
+    from gateway.match import Router
+
+    config = load_config(Path(__file__).resolve().parent.parent / "routes.yaml")
+    ours = Router(config.routes)
+    theirs = [StarletteRoute(r.path, _endpoint, methods=sorted(r.methods) if r.methods else None)
+              for r in config.routes]
+    scope = {"type": "http", "method": "GET", "path": "/api/items/42", "root_path": ""}
+
+    async def with_ours() -> None:
+        for _ in range(n):
+            ours.match("GET", "", "/api/items/42")
+
+    async def with_starlette() -> None:
+        for _ in range(n):
+            for route in theirs:
+                if route.matches(scope)[0] is Match.FULL:
+                    break
+
+    return {"route match: gateway.match.Router": cpu_per_call(n, with_ours),
+            "route match: Starlette Route.matches": cpu_per_call(n, with_starlette)}
 
 
 def models(n: int) -> dict[str, float]:
@@ -143,6 +170,7 @@ def main() -> int:
     n = args.requests
     rows: dict[str, float] = {}
     rows.update(frame(n * 5))
+    rows.update(matching(n * 5))
     rows.update(models(n * 5))
     with tempfile.TemporaryDirectory() as tmp:
         procs = Processes(Path(tmp))
