@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.config import RedisSettings, Rule, Source
 from gateway.keys import identity_token, state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis_backends import StandaloneRunner
+from gateway.redis import make_runner
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess, binaries
 
@@ -64,7 +64,7 @@ def route_keys(i: int, users: int) -> list[str]:
 
 
 async def decisions(url: str, count: int, users: int) -> None:
-    limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
+    limiter = Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
     args = [rule_spec(r) for r in ROUTE]
     batch = 200
     for start in range(0, count, batch):
@@ -72,7 +72,7 @@ async def decisions(url: str, count: int, users: int) -> None:
         for i in range(start, min(start + batch, count)):
             calls.append(limiter.decide(args, route_keys(i, users), [1, 1, 1]))
         await asyncio.gather(*calls)
-    limiter.runner.close()
+    await limiter.close()
 
 
 FLOOR = """
@@ -100,14 +100,14 @@ def floor_us(client: Any, count: int, users: int) -> float:
 
 
 async def fill(url: str, rule: Rule, identities: int) -> None:
-    limiter = Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
+    limiter = Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
     args = [rule_spec(rule)]
     batch = 500
     for start in range(0, identities, batch):
         calls = [limiter.decide(args, [state_key("rlgw", "api", rule.name, identity_token([f"u{i}".encode()]))],
                                 [1]) for i in range(start, min(start + batch, identities))]
         await asyncio.gather(*calls)
-    limiter.runner.close()
+    await limiter.close()
 
 
 ROUNDS = 7

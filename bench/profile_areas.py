@@ -20,14 +20,20 @@ from typing import Any
 # (area, file patterns) in priority order for one frame; the first area that matches a frame wins.
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics (prometheus_client)", ("prometheus_client/", "gateway/metrics.py")),
-    ("Redis client (ours: RESP, pipelining, hiredis)", (
-        "gateway/redis_client.py", "gateway/redis_backends.py", "gateway/scripts.py", "hiredis",
+    ("Redis client (redis-py + hiredis, gateway/redis/ batching)", (
+        "redis/", "gateway/scripts.py", "hiredis",
     )),
-    ("upstream HTTP client (gateway/upstream_http.py, proxy.py)", ("gateway/upstream_http.py", "gateway/proxy.py")),
-    ("client-side HTTP (gateway/http_protocol.py on httptools; uvicorn)", (
-        "uvicorn/", "httptools/", "gateway/http_protocol.py",
+    ("httpx models (Request, Headers, Response)", ("httpx/",)),
+    ("upstream transport (gateway/http/transport.py; httpcore, h11, h2)", (
+        "gateway/http/transport.py", "httpcore/", "h11/", "h2/",
     )),
-    ("gateway app code", ("gateway/",)),
+    ("forwarding (gateway/proxy.py)", ("gateway/proxy.py",)),
+    ("Starlette (application, router, Mount, middleware)", ("starlette/",)),
+    ("server protocol (gateway/http/server.py on httptools; uvicorn)", (
+        "uvicorn/", "httptools/", "gateway/http/server.py",
+    )),
+    ("request checks (gateway/http/request.py)", ("gateway/http/request.py",)),
+    ("gateway app code (match, identity, guard, limiter, responses)", ("gateway/",)),
 )
 # Native frames (py-spy --native) that are an area of their own wherever they are on the stack.
 GC_FUNCTIONS = frozenset({"gc_collect_main", "gc_collect_with_callback", "gc_collect_generations"})
@@ -53,7 +59,12 @@ def parse_frame(frame: str) -> tuple[str, str]:
 BOTTOM = ("uvicorn/server.py", "uvicorn/_compat.py", "uvicorn/main.py", "gateway/supervisor.py")
 
 
+# py-spy names files of a sub-package by their bare name: these are the gateway's.
+BARE = {name: f"gateway/http/{name}" for name in ("server.py", "transport.py", "request.py")}
+
+
 def area_of(file: str) -> str | None:
+    file = BARE.get(file, file)
     if file.startswith(BOTTOM):
         return None
     for area, patterns in AREAS:

@@ -29,7 +29,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import metrics
 from gateway.admin import admin_app
-from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, load_config
 from gateway.errors import BadRequest, ConfigError, UpstreamTimeout, UpstreamUnavailable
 from gateway.guard import Verdict, judge
@@ -37,9 +36,8 @@ from gateway.http.request import Request, read_request
 from gateway.identity import RequestView
 from gateway.limiter import Limiter
 from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
-from gateway.redis_backends import make_runner
-from gateway.responses import Headers, problem
-from gateway.runtime import RoutePlan, Runtime, build_runtime
+from gateway.responses import Headers, problem, send_answer
+from gateway.runtime import RoutePlan, Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 
 log = logging.getLogger("gateway")
@@ -65,7 +63,7 @@ class Gateway:
 
     def make_limiter(self, config: Config) -> Limiter:
         redis = redis_settings(self.settings, config)
-        return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed)
+        return new_limiter(redis)
 
     async def startup(self) -> None:
         config = self.initial_config or load_config(self.settings.config_path)
@@ -98,7 +96,7 @@ class Gateway:
             return
         for client in runtime.clients.values():
             await client.close()
-        runtime.limiter.runner.close()
+        await runtime.limiter.close()
 
     def reload(self) -> tuple[bool, str]:
         """Validate the file and swap it in; on any error the old config stays in force."""
@@ -150,7 +148,7 @@ class Gateway:
             if new.clients.get(name) is not client:
                 await client.close()
         if new.limiter is not old.limiter:
-            old.limiter.runner.close()
+            await old.limiter.close()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -200,9 +198,9 @@ class Gateway:
             request_id = _new_request_id()
             return request_id, "", "bad_request", "", await _answer(send, answer, request_id)
         request_id = _request_id(request.request_id)
-        found = runtime.router.match(request.method, _hostname(request.host), request.path)
+        found = runtime.router.match(request.method, request.hostname, request.path)
         if found is None:
-            host = _hostname(request.host)
+            host = request.hostname
             allowed = runtime.router.allowed_methods(host, request.path)
             if allowed:  # a route owns this path under other methods: a catch-all may not take it
                 methods = ", ".join(sorted(allowed))
@@ -258,20 +256,9 @@ class Gateway:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _observe_redis(seconds: float, ok: bool) -> None:
-    metrics.redis_latency("ok" if ok else "error").observe(seconds)
-
-
-def _breaker_changed(state: BreakerState) -> None:
-    metrics.BREAKER.set(int(state))
-
-
 async def _answer(send: Send, response: tuple[int, Headers, bytes], request_id: bytes) -> int:
-    status, headers, body = response
-    headers.append((b"x-request-id", request_id))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-    return status
+    response[1].append((b"x-request-id", request_id))
+    return await send_answer(send, response)
 
 
 _ID_PREFIX = os.urandom(10).hex().encode()  # per process; with the counter, unique without a syscall
@@ -286,15 +273,6 @@ def _request_id(sent: bytes | None) -> bytes:
     if sent is not None and 0 < len(sent) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in sent):
         return sent
     return _new_request_id()
-
-
-def _hostname(host: bytes | None) -> str:
-    if not host:
-        return ""
-    text = host.decode("latin-1").lower()
-    if text.startswith("["):
-        return text.split("]")[0] + "]"
-    return text.rsplit(":", 1)[0] if ":" in text else text
 
 
 # --- the application --------------------------------------------------------------------------

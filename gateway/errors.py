@@ -2,7 +2,11 @@
 
     GatewayError
     ├── ConfigError          routes.yaml is wrong; carries every problem found (file, line, key)
-    ├── RedisUnavailable     Redis refused, timed out, went away, or the breaker is open
+    ├── RedisUnavailable     no decision from Redis; `kind` labels gateway_redis_errors_total
+    │   ├── RedisTimeout          no answer within redis.timeout (kind "timeout")
+    │   ├── RedisConnectionFailed cannot connect, connection lost, no primary known (kind "connection")
+    │   ├── RedisErrorReply       Redis answered with an error (kind "error_reply")
+    │   └── BreakerOpen           not asked: the breaker is open after repeated failures (kind "breaker_open")
     ├── IdentityMissing      a rule's identity is absent from the request (on_missing: reject -> 400)
     ├── BadRequest           the request cannot be served as sent (ambiguous framing, bad path,
     │   │                    a repeated identity header, a bad cost header, ...) -> 400
@@ -12,14 +16,15 @@
         ├── UpstreamUnavailable   refused, reset or unreachable -> 502
         └── UpstreamTimeout       too slow -> 504
 
-Third-party errors are converted to these at one edge each: redis-py's at the Redis runner, httpx's
-(which both upstream transports raise) in `proxy.py`. Nothing above those edges catches a library's
-own exception type.
+Third-party errors are converted to these at one edge each: redis-py's exceptions (by type, never
+by message) in `gateway/redis/errors.py`, httpx's (which both upstream transports raise) in
+`proxy.py`. Nothing above those edges catches a library's own exception type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 class GatewayError(Exception):
@@ -44,7 +49,25 @@ class ConfigError(GatewayError):
 
 
 class RedisUnavailable(GatewayError):
-    pass
+    """Redis gave no decision: the route's failure_mode applies."""
+
+    kind: ClassVar[str] = "connection"  # the metrics label; each subclass names its own
+
+
+class RedisTimeout(RedisUnavailable):
+    kind = "timeout"
+
+
+class RedisConnectionFailed(RedisUnavailable):
+    kind = "connection"
+
+
+class RedisErrorReply(RedisUnavailable):
+    kind = "error_reply"
+
+
+class BreakerOpen(RedisUnavailable):
+    kind = "breaker_open"
 
 
 class IdentityMissing(GatewayError):

@@ -1,27 +1,37 @@
-"""The small example backend that the repo's routes.yaml points at (`make run`)."""
+"""The small example backend that the repo's routes.yaml points at (`make run`): a Starlette app
+under uvicorn that echoes what it received."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from aiohttp import web
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-async def echo(request: web.Request) -> web.Response:
-    body = await request.read()
+async def echo(request: Request) -> Response:
+    body = await request.body()
     payload = {
         "backend": "example",
         "method": request.method,
-        "path": request.path,
-        "query": request.query_string,
+        "path": request.url.path,
+        "query": request.url.query,
         "body_bytes": len(body),
         "x_forwarded_for": request.headers.get("X-Forwarded-For"),
         "x_request_id": request.headers.get("X-Request-Id"),
     }
-    if request.path.startswith("/seckill/"):
+    if request.url.path.startswith("/seckill/"):
         payload["order"] = "accepted"
-    return web.Response(text=json.dumps(payload) + "\n", content_type="application/json")
+    return Response(json.dumps(payload) + "\n", media_type="application/json")
+
+
+app = Starlette(routes=[Route("/{tail:path}", echo, methods=METHODS)])
 
 
 def main() -> None:
@@ -29,9 +39,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     args = parser.parse_args()
-    app = web.Application(client_max_size=1 << 30)
-    app.router.add_route("*", "/{tail:.*}", echo)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from gateway import metrics
 from gateway.config import Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.identity import RequestView, rule_identity
-from gateway.keys import identity_token
+from gateway.keys import rule_key
 from gateway.limiter import Decision, Outcome
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime
@@ -61,7 +61,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
                 costs.append(None)
                 continue
             rules.append(rule)
-            keys.append(plan.prefix_keys[i] + identity_token(parts))
+            keys.append(rule_key(plan.prefix_keys[i], parts))
             costs.append(_cost(rule, view))
     except IdentityMissing as exc:
         answer = problem(400, str(exc), route=route.name, rule=exc.rule)
@@ -76,7 +76,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
         ask = partial(runtime.limiter.decide, plan.args, keys, costs)
         decision, from_memory = await runtime.refusals.decide(rules, keys, costs, ask)
     except RedisUnavailable as exc:
-        metrics.REDIS_ERRORS.labels(redis_error_kind(exc)).inc()
+        metrics.REDIS_ERRORS.labels(exc.kind).inc()
         if route.failure_mode == "closed":
             answer = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
             answer[1].append((b"retry-after", b"1"))
@@ -94,20 +94,6 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
     headers = ratelimit_headers(route.headers, rules, decision)
     return Verdict("admitted", "", None, headers, decision.delay_ms, view.body_prefix, more_body)
-
-
-def redis_error_kind(exc: RedisUnavailable) -> str:
-    kind = getattr(exc, "kind", None)
-    if isinstance(kind, str):
-        return kind
-    text = str(exc)
-    if "breaker" in text:
-        return "breaker_open"
-    if "in time" in text or "timed out" in text:
-        return "timeout"
-    if "refused the decision" in text:
-        return "error_reply"
-    return "connection"
 
 
 def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:

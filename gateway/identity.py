@@ -156,7 +156,7 @@ class RequestView:
         if not self._claims_done:
             self._claims_done = True
             if self.jwt is not None:
-                self._claims = self.jwt.claims(self.header(self.jwt.settings.header.encode()))
+                self._claims = self.jwt.claims(self.header(self.jwt.settings.header.lower().encode()))
         if self._claims is None:
             return None
         value = self._claims.get(name)

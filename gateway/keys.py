@@ -43,3 +43,9 @@ def hash_tag(prefix: str, route: str) -> str:
 
 def state_key(prefix: str, route: str, rule: str, token: str) -> str:
     return f"{prefix}:{{{route}}}:{rule}:{token}"
+
+
+def rule_key(rule_prefix: str, parts: Sequence[bytes]) -> str:
+    """A rule's key for one identity, from the rule's `state_key(prefix, route, rule, "")`
+    (computed once per route) and the identity's parts."""
+    return rule_prefix + identity_token(parts)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
 from gateway.breaker import Breaker, BreakerState
 from gateway.decision_script import DecisionScript, Layout, RuleSpec, decision_script, rule_spec
-from gateway.errors import RedisUnavailable
-from gateway.redis_client import RedisReplyError
+from gateway.errors import BreakerOpen, RedisUnavailable
 from gateway.scripts import Script
 
 __all__ = ["Decision", "Limiter", "Outcome", "RuleSpec", "RuleState", "rule_spec"]
@@ -41,15 +40,18 @@ class Decision(NamedTuple):
 
 
 class ScriptRunner(Protocol):
-    """Where the script runs: one Redis, a Cluster, a Sentinel-managed primary."""
+    """Where the script runs: one Redis, a Cluster, a Sentinel-managed primary (gateway.redis).
+    Every failure is raised as a gateway.errors.RedisUnavailable subclass, within the timeout."""
 
-    async def run(self, script: Script, keys: list[str], args: list[bytes | str | int]) -> Any: ...
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Awaitable[Any]:
+        """The script's reply (a list of integers)."""
+        ...
 
-    async def command(self, key: str | None, *args: bytes | str | int) -> Any: ...
+    async def ping(self) -> None: ...
 
-    def reset_connections(self) -> None: ...
+    async def delete(self, key: str) -> bool: ...
 
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 _OUTCOMES = tuple(Outcome)
@@ -97,20 +99,6 @@ class Limiter:
     def breaker_state(self) -> BreakerState:
         return self.breaker.state
 
-    async def ping(self) -> None:
-        """Does Redis answer? Raises RedisUnavailable if not (bounded by redis.timeout). The
-        breaker is neither consulted nor changed: a health check must not decide for requests."""
-        reply = await self.runner.command(None, "PING")
-        if isinstance(reply, RedisReplyError):
-            raise RedisUnavailable(f"Redis answered PING with an error: {reply}")
-
-    async def reset(self, key: str) -> bool:
-        """Delete one rule's state for one identity (`key` from gateway.keys); True if it existed."""
-        reply = await self.runner.command(key, "DEL", key)
-        if isinstance(reply, RedisReplyError):
-            raise RedisUnavailable(f"Redis refused the reset: {reply}")
-        return bool(reply)
-
     async def decide(
         self,
         rules: Sequence[RuleSpec],
@@ -132,19 +120,16 @@ class Limiter:
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
         if not self.breaker.allow():
-            raise RedisUnavailable("Redis circuit breaker is open")
+            raise BreakerOpen("Redis circuit breaker is open")
         started = time.perf_counter()
         try:
             reply = await self.runner.run(found.script, keys, [b"" if c is None else c for c in costs])
-            if isinstance(reply, RedisReplyError):
-                raise RedisUnavailable(f"Redis refused the decision: {reply}")
         except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
             if self.breaker.record_failure():
                 log.warning("Redis unavailable (%s): breaker open for %.1fs; routes follow their "
                             "failure_mode until it answers again", exc, self.breaker.open_for)
-                self.runner.reset_connections()
                 if self.on_breaker:
                     self.on_breaker(BreakerState.OPEN)
             raise
@@ -159,3 +144,16 @@ class Limiter:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
+
+    # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
+
+    async def ping(self) -> None:
+        """Return when Redis answers PING; raise a RedisUnavailable subclass otherwise."""
+        await self.runner.ping()
+
+    async def reset(self, key: str) -> bool:
+        """Delete one state key (in Cluster mode on the node owning it); True if it existed."""
+        return await self.runner.delete(key)
+
+    async def close(self) -> None:
+        await self.runner.close()

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
+from starlette.types import Send
+
 from gateway.config import Route, Rule
 from gateway.limiter import Decision, Outcome
 
@@ -24,6 +26,14 @@ def problem(status: int, detail: str, **extra: Any) -> tuple[int, Headers, bytes
     body.update(extra)
     data = json.dumps(body, separators=(", ", ": ")).encode()
     return status, [(b"content-type", PROBLEM), (b"content-length", str(len(data)).encode())], data
+
+
+async def send_answer(send: Send, response: tuple[int, Headers, bytes]) -> int:
+    """Send an answer the gateway makes itself (a refusal, a problem); returns its status."""
+    status, headers, body = response
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+    return status
 
 
 def _seconds(ms: int) -> int:

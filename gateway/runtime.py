@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from gateway import metrics
+from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings, Route, Rule
 from gateway.identity import JwtVerifier
 from gateway.keys import state_key
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.proxy import UpstreamClient
+from gateway.redis import make_runner
 from gateway.refusals import LocalRefusals
 
 
@@ -49,6 +52,19 @@ class Runtime:
         self.in_flight -= 1
         if self.retired and self.in_flight == 0:
             self.drained.set()
+
+
+def new_limiter(redis: RedisSettings) -> Limiter:
+    """A limiter on `redis`, reporting its latency and breaker state to the metrics."""
+    return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed)
+
+
+def _observe_redis(seconds: float, ok: bool) -> None:
+    metrics.redis_latency("ok" if ok else "error").observe(seconds)
+
+
+def _breaker_changed(state: BreakerState) -> None:
+    metrics.BREAKER.set(int(state))
 
 
 def build_runtime(

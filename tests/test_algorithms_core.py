@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.config import MAX_RULES, RedisSettings, Rule
 from gateway.limiter import Decision, Limiter, Outcome, rule_spec
-from gateway.redis_backends import StandaloneRunner
+from gateway.redis import make_runner
 from tests.support.limiter_engine import Engine as MicrosecondEngine
 from tests.support.redis_proc import RedisClock, RedisProcess
 
@@ -224,15 +224,14 @@ def test_clock_step_backwards_admits_nothing_extra_and_never_wedges(engine: Engi
 
 
 def test_both_server_versions(any_redis: RedisProcess) -> None:
-    limiter = Limiter(StandaloneRunner(RedisSettings(url=any_redis.url, timeout=2.0)))
+    limiter = Limiter(make_runner(RedisSettings(url=any_redis.url, timeout=2.0)))
     rules = [Rule("a", (), "gcra", rate=1.0, burst=2), Rule("b", (), "sliding_window", limit=5, window=1.0),
              Rule("c", (), "quota", limit=3)]
     keys = [key(), key(), key()]
 
     async def go() -> list[bool]:
         out = [(await limiter.decide([rule_spec(r) for r in rules], keys, [1, 1, 1])).admitted for _ in range(4)]
-        limiter.runner.close()
-        await asyncio.sleep(0.01)
+        await limiter.close()
         return out
 
     assert asyncio.run(go()) == [True, True, False, False]

@@ -1,20 +1,26 @@
-"""Redis Cluster: three real primaries. One decision = one call to the node owning the route's
-hash tag; a slot that moves while the gateway runs costs no decision an error, and no count."""
+"""Redis Cluster: three real primaries (six processes with their replicas for the failover). One
+decision = one call to the node owning the route's hash tag; a slot that moves while the gateway
+runs costs no decision an error, and no count (tests/test_cluster_resharding.py moves one under
+load); a dead primary fails its decisions only until its replica is promoted."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from redis.crc import key_slot
 
 from gateway.config import RedisSettings, Rule, Source
+from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis_backends import ClusterRunner, key_slot
+from gateway.redis import ClusterRunner, make_runner
+from gateway.redis.connections import HiredisPacking
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.upstream import Upstream
@@ -31,7 +37,7 @@ def cluster() -> Iterator[RedisCluster]:
 def test_key_slot_matches_redis(cluster: RedisCluster) -> None:
     client = cluster.nodes[0].client()
     for key in ["plain", "rlgw:{seckill}:user:alice", "{}x", "a{b}c{d}", "{{x}}", "é{ü}"]:
-        assert key_slot(key) == client.execute_command("CLUSTER", "KEYSLOT", key)
+        assert key_slot(key.encode()) == client.execute_command("CLUSTER", "KEYSLOT", key)
 
 
 def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) -> None:
@@ -44,8 +50,7 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
     run_id = uuid.uuid4().hex[:6]  # fresh identities, so state left by another test never counts
 
     async def run() -> dict[str, list[bool]]:
-        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
-        limiter = Limiter(runner)
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
         out: dict[str, list[bool]] = {}
         for route in routes:
             out[route] = []
@@ -55,7 +60,7 @@ def test_layered_decision_is_one_call_on_the_route_owner(cluster: RedisCluster) 
                         state_key("rlgw", route, "stock", f"42-{run_id}")]
                 decision = await limiter.decide([rule_spec(r) for r in rules], keys, [1, 1, 1])
                 out[route].append(decision.admitted)
-        runner.close()
+        await limiter.close()
         return out
 
     results = asyncio.run(run())
@@ -91,14 +96,13 @@ def test_a_moved_slot_costs_no_error_and_no_count(cluster: RedisCluster) -> None
     rule = Rule("stock", (), "quota", limit=6)
 
     async def run() -> list[bool]:
-        runner = ClusterRunner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
-        limiter = Limiter(runner)
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0)))
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(3)]
         before = cluster.owner_of(key).port
-        _move_slot(cluster, key_slot(key))
+        _move_slot(cluster, key_slot(key.encode()))
         assert cluster.owner_of(key).port != before
         admitted += [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(5)]
-        runner.close()
+        await limiter.close()
         return admitted
 
     assert asyncio.run(run()) == [True] * 6 + [False] * 2
@@ -130,3 +134,74 @@ def test_gateway_in_cluster_mode_end_to_end(cluster: RedisCluster, upstream: Ups
         assert statuses.count(429) == 23
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_primary_failover_fails_decisions_only_until_its_replica_takes_over() -> None:
+    """Six processes: three primaries, a replica each. The primary of a route's slot is killed: its
+    decisions fail (fast, never past redis.timeout) until Cluster promotes the replica, then the
+    runner finds it and they carry on from the replica's copy of the state."""
+    c = RedisCluster(replicas=1)
+    c.start()
+    try:
+        route = f"failover-{uuid.uuid4().hex[:6]}"
+        key = state_key("rlgw", route, "stock", "~")
+        rule = [rule_spec(Rule("stock", (), "quota", limit=10_000))]
+        victim = c.owner_of(key)
+        replica = c.replica_of(victim)
+        seed = next(n for n in c.nodes if n.port not in (victim.port, replica.port))
+        timeout = 0.5
+
+        async def run() -> tuple[int, list[tuple[float, bool]]]:
+            limiter = Limiter(make_runner(RedisSettings(url=seed.url, mode="cluster", timeout=timeout)))
+            for _ in range(20):
+                assert (await limiter.decide(rule, [key], [1])).admitted
+            assert victim.client().execute_command("WAIT", 1, 5000) == 1  # the replica has all 20
+            assert victim.process is not None
+            victim.process.kill()
+            victim.process.wait()
+            calls: list[tuple[float, bool]] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                try:
+                    await limiter.decide(rule, [key], [1])
+                    calls.append((time.perf_counter() - started, True))
+                except RedisUnavailable:
+                    calls.append((time.perf_counter() - started, False))
+                if len(calls) >= 20 and all(ok for _, ok in calls[-20:]):
+                    break
+                await asyncio.sleep(0.05)
+            await limiter.close()
+            return sum(ok for _, ok in calls), calls
+
+        admitted_after, calls = asyncio.run(run())
+        failed = sum(not ok for _, ok in calls)
+        print(f"after the kill: {failed} failed, {admitted_after} admitted; slowest {max(t for t, _ in calls):.3f}s")
+        assert all(ok for _, ok in calls[-20:])  # the replica took over and the runner found it
+        assert max(t for t, _ in calls) < timeout + 0.1
+        assert c.owner_of(key).port == replica.port
+        assert replica.client().get(key) == str(20 + admitted_after).encode()  # no count lost
+    finally:
+        c.stop()
+
+
+def test_ping_and_reset_reach_the_right_nodes(cluster: RedisCluster) -> None:
+    keys = [state_key("rlgw", f"r{i}", "stock", f"reset-{uuid.uuid4().hex[:6]}") for i in range(6)]
+    rule = [rule_spec(Rule("stock", (), "quota", limit=1))]
+
+    async def run() -> list[tuple[bool, bool, bool]]:
+        runner = make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=1.0))
+        assert isinstance(runner, ClusterRunner)
+        limiter = Limiter(runner)
+        await limiter.ping()
+        # every node's connections pack commands with hiredis, as in the other modes
+        assert all(issubclass(node.connection_class, HiredisPacking) for node in runner.cluster.get_nodes())
+        out = []
+        for key in keys:  # on all three primaries
+            assert (await limiter.decide(rule, [key], [1])).admitted
+            refused = not (await limiter.decide(rule, [key], [1])).admitted
+            out.append((refused, await limiter.reset(key), (await limiter.decide(rule, [key], [1])).admitted))
+        await limiter.close()
+        return out
+
+    assert asyncio.run(run()) == [(True, True, True)] * len(keys)

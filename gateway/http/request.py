@@ -68,6 +68,16 @@ class Request:
     request_id: bytes | None = None      # X-Request-Id as sent
 
     @property
+    def hostname(self) -> str:
+        """The Host without its port, lowercase ("" when none): what `match.host` compares."""
+        if not self.host:
+            return ""
+        text = self.host.decode("latin-1").lower()
+        if text.startswith("["):
+            return text.split("]")[0] + "]"
+        return text.rsplit(":", 1)[0] if ":" in text else text
+
+    @property
     def has_body(self) -> bool:
         return self.chunked or bool(self.content_length)
 

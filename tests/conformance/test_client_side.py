@@ -75,6 +75,7 @@ CASES = [
     Case("head-over-64k-one-write", req("GET", "/open/big", BIG), 431),
     Case("obs-fold", req("GET", "/open/fold", "X-A: a", " folded"), 400),
     Case("nul-in-field", req("GET", "/open/nul", "X-A: a\x00b"), 400),
+    Case("http2-prior-knowledge", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
     Case("connect", b"CONNECT gw:443 HTTP/1.1\r\nHost: gw:443\r\nX-Request-Id: rid\r\n\r\n", 400),
     # --- paths: the normalized path is matched, and it is what the upstream gets -------------------
     Case("dot-dot-out-of-route", req("GET", "/open/../admin/a"), 404),

@@ -1,4 +1,5 @@
-"""A real Redis Cluster of three primaries (the pip-shipped 6.2 server), built with redis-cli."""
+"""A real Redis Cluster of three primaries (the pip-shipped 6.2 server), built with redis-cli;
+optionally with a replica per primary (six processes), for failovers."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from tests.support.waiting import wait_until
 
 
 class RedisCluster:
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [
             RedisProcess(extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                                      "--cluster-node-timeout", "2000"), port=free_cluster_port())
-            for _ in range(size)
+            for _ in range(size * (1 + replicas))
         ]
 
     @property
@@ -30,21 +32,32 @@ class RedisCluster:
             node.start()
         cli = str(Path(redis_server_binary()).with_name("redis-cli"))
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
+                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
         wait_until(self.healthy, timeout=30)
 
+    def live(self) -> list[RedisProcess]:
+        return [node for node in self.nodes if node.process is not None and node.process.poll() is None]
+
     def healthy(self) -> bool:
-        for node in self.nodes:
+        for node in self.live():
             info = node.client().execute_command("CLUSTER", "INFO").decode()
             if "cluster_state:ok" not in info:
                 return False
         return True
 
+    def replica_of(self, primary: RedisProcess) -> RedisProcess:
+        primary_id = primary.client().execute_command("CLUSTER", "MYID").decode()
+        for node in self.live():
+            role = node.client().execute_command("ROLE")
+            if role[0] == b"slave" and int(role[2]) == primary.port:
+                return node
+        raise AssertionError(f"no replica of {primary_id}")
+
     def owner_of(self, key: str) -> RedisProcess:
-        client = self.nodes[0].client()
+        client = self.live()[0].client()
         slot = client.execute_command("CLUSTER", "KEYSLOT", key)
-        for node in self.nodes:
+        for node in self.live():
             slots = node.client().execute_command("CLUSTER", "SLOTS")
             port = node.port
             for start, end, primary, *_ in slots:

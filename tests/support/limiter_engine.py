@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gateway.config import RedisSettings, Rule
 from gateway.limiter import Decision, Limiter, rule_spec
-from gateway.redis_backends import StandaloneRunner
+from gateway.redis import make_runner
 from tests.support.redis_proc import RedisClock, RedisProcess
 
 T0 = 1_800_000_000_000_000  # µs; a moment aligned to every window the tests use
@@ -25,7 +25,7 @@ class Engine:
         self.clock = clock
         self.client = proc.client()
         self.loop = asyncio.new_event_loop()
-        self.limiter = Limiter(StandaloneRunner(RedisSettings(url=proc.url, timeout=2.0)))
+        self.limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=2.0)))
         self.now = T0
 
     def at(self, t: int) -> None:
@@ -43,8 +43,7 @@ class Engine:
         return seconds * 1_000_000 + micros
 
     def close(self) -> None:
-        self.limiter.runner.close()
-        self.loop.run_until_complete(asyncio.sleep(0.01))  # let the aborted transport finish closing
+        self.loop.run_until_complete(self.limiter.close())
         self.loop.close()
         self.client.close()
 

@@ -1,0 +1,140 @@
+"""Client CPU per decision on the Redis side of the gateway: redis-py one EVALSHA per decision vs
+the gateway's runner (the decisions of one event-loop tick in one pipeline), and the whole
+Limiter.decide on top of it.
+
+    .venv/bin/python bench/redis_client.py                      # uvloop, 20,000 decisions, 5 rounds
+    .venv/bin/python bench/redis_client.py --loop asyncio --decisions 50000
+    .venv/bin/python bench/redis_client.py --cluster            # a 3-primary Redis Cluster instead
+
+Each mode runs `--decisions` 3-rule decisions (bench/engine.py's route: token_bucket per user,
+sliding_window and quota per item) with `--in-flight` of them in flight all the time, against a
+real local redis-server (or Cluster) pinned to one core (this process on the other); the figure is this
+process's CPU time (time.process_time) per decision: the median and the least of the rounds (the
+host is shared: the least is the one least disturbed). Redis's own CPU is
+not in it (bench/engine.py measures that).
+
+    unbatched  redis.asyncio.Redis (RedisCluster) with its defaults, one `await evalsha()` per decision
+    batched    gateway.redis's runner: the calls of a tick in one pipeline (one per node)
+    limiter    gateway.limiter.Limiter.decide on that runner: the whole decision path
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import ROUTE, route_keys  # bench/engine.py: the same 3-rule route and keys
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster as ClusterClient
+
+from gateway.config import RedisSettings
+from gateway.decision_script import decision_script
+from gateway.limiter import Limiter, rule_spec
+from gateway.redis import make_runner
+from tests.support.cluster import RedisCluster
+from tests.support.redis_proc import RedisProcess
+
+USERS = 5000
+
+
+async def drive(call: Callable[[int], Awaitable[Any]], count: int, in_flight: int) -> None:
+    """`count` calls, `in_flight` of them waiting at any time."""
+    numbers = iter(range(count))
+
+    async def worker() -> None:
+        for i in numbers:
+            await call(i)
+
+    await asyncio.gather(*[worker() for _ in range(in_flight)])
+
+
+async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int, rounds: int) -> list[float]:
+    specs = [rule_spec(r) for r in ROUTE]
+    script = decision_script(tuple(specs)).script
+    keys = [route_keys(i, USERS) for i in range(count)]
+    costs = [1, 1, 1]
+    settings = RedisSettings(url=url, timeout=5.0, mode="cluster" if cluster else "standalone")
+    close: Callable[[], Awaitable[None]]
+    call: Callable[[int], Awaitable[Any]]
+    if mode == "unbatched":
+        client: Any = ClusterClient.from_url(url) if cluster else Redis.from_url(url)
+        await client.script_load(script.source)
+        sha = script.sha.decode()
+
+        def call(i: int) -> Awaitable[Any]:
+            return cast(Awaitable[Any], client.evalsha(sha, 3, *keys[i], *costs))
+
+        close = client.aclose
+    elif mode == "batched":
+        runner = make_runner(settings)
+
+        def call(i: int) -> Awaitable[Any]:
+            return runner.run(script, keys[i], costs)
+
+        close = runner.close
+    else:
+        limiter = Limiter(make_runner(settings))
+
+        def call(i: int) -> Awaitable[Any]:
+            return limiter.decide(specs, keys[i], costs)
+
+        close = limiter.close
+    await drive(call, min(count, 5000), in_flight)  # connect, load the script, warm up
+    out = []
+    for _ in range(rounds):
+        started = time.process_time()
+        await drive(call, count, in_flight)
+        out.append((time.process_time() - started) / count * 1e6)
+    await close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--decisions", type=int, default=20_000)
+    parser.add_argument("--in-flight", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--modes", default="unbatched,batched,limiter")
+    parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three primaries")
+    args = parser.parse_args()
+    servers = RedisCluster() if args.cluster else RedisProcess()
+    servers.start()
+    processes = servers.nodes if isinstance(servers, RedisCluster) else [servers]
+    url = servers.url
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        for proc in processes:
+            if proc.process is not None:
+                os.sched_setaffinity(proc.process.pid, {cores[-1]})
+        os.sched_setaffinity(0, set(cores[:-1]))
+    try:
+        where = "Cluster" if args.cluster else "one server"
+        print(f"| client CPU per decision ({where}, {args.loop}, {args.in_flight} in flight), µs "
+              "| median | least | rounds |")
+        print("| --- | ---: | ---: | --- |")
+        for mode in args.modes.split(","):
+            coro = measure(url, args.cluster, mode, args.decisions, args.in_flight, args.rounds)
+            if args.loop == "uvloop":
+                import uvloop
+
+                results = uvloop.run(coro)
+            else:
+                results = asyncio.run(coro)
+            rounds = " ".join(f"{r:.1f}" for r in results)
+            print(f"| {mode} | {statistics.median(results):.1f} | {min(results):.1f} | {rounds} |", flush=True)
+    finally:
+        servers.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Script calls of one event-loop tick, sent together: the batching every runner shares.
+
+`Batcher.run()` queues one call and returns its future; the first call of a tick schedules a flush
+for the end of the tick, which hands every queued call to one task (`_send`, per topology) that
+sends them as one redis-py pipeline. Every caller gets its own result or its own exception
+(a gateway.errors.RedisUnavailable subclass).
+
+Time: a call's budget (redis.timeout) starts when it is queued. All calls of a batch were queued in
+the same tick, so the batch carries one deadline, that of its first call, and its task runs under
+`asyncio.timeout_at(deadline)`: connecting, the pipeline, a NOSCRIPT reload, redirections and
+their retries all fit in it, and when it passes every call still waiting fails with RedisTimeout.
+Connecting has redis-py's socket_connect_timeout (the same budget) below it; reading has no
+socket_timeout of its own: it would put a second timer around every reply (measured: +3 µs of
+client CPU per decision, a fifth of the total) for a bound the batch's deadline already sets. A
+cancelled pipeline disconnects its connection (redis-py does that on any exception while reading),
+so no reply is ever read by the wrong caller.
+
+At most `max_batches` batches are in flight; calls queued meanwhile wait for the next free one and
+so ride in bigger batches when Redis is slow (the deadline is still that of the first of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.errors import RedisTimeout
+from gateway.redis.errors import REDIS_FAILURES, convert
+from gateway.scripts import Script
+
+Arg = bytes | str | int
+
+EVALSHA = b"EVALSHA"  # bytes: redis-py's packer looks for a space in a str command name
+
+
+class Call:
+    """One script call waiting for its reply."""
+
+    __slots__ = ("command", "future", "reply", "script")
+
+    def __init__(self, script: Script, command: tuple[Arg, ...], future: asyncio.Future[Any]) -> None:
+        self.script = script
+        self.command = command  # (b"EVALSHA", sha, numkeys, *keys, *args)
+        self.future = future
+        self.reply: BaseException | None = None  # an error reply held back while the runner decides
+
+    def settle(self, result: Any) -> None:
+        """Hand over a reply: a list, or an exception redis-py put in its place."""
+        future = self.future
+        if future.done():  # the caller went away (its request was cancelled)
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(convert(result) if isinstance(result, REDIS_FAILURES) else result)
+        else:
+            future.set_result(result)
+
+    @property
+    def keys(self) -> tuple[Arg, ...]:
+        numkeys = self.command[2]
+        assert isinstance(numkeys, int)
+        return self.command[3 : 3 + numkeys]
+
+
+class Batcher:
+    max_batches = 16
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._pending: list[Call] = []
+        self._deadline = 0.0
+        self._scheduled = False
+        self._in_flight = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> asyncio.Future[Any]:
+        """Queue one EVALSHA; the future resolves to its reply. No coroutine frame per call."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self._pending:
+            self._deadline = loop.time() + self.timeout
+        self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
+        if not self._scheduled and self._in_flight < self.max_batches:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if not self._pending or self._in_flight >= self.max_batches:
+            return
+        batch, self._pending = self._pending, []
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._execute(batch, self._deadline))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, batch: list[Call], deadline: float) -> None:
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._send(batch)
+        except TimeoutError:
+            self._fail(batch, RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms"))
+        except REDIS_FAILURES as exc:
+            self._fail(batch, convert(exc))
+        except asyncio.CancelledError:  # the loop is shutting down: so are the callers
+            for call in batch:
+                call.future.cancel()
+            raise
+        except BaseException as exc:  # a bug: never leave a caller hanging
+            self._fail(batch, exc)
+            raise
+        finally:
+            self._in_flight -= 1
+            if self._pending and not self._scheduled:
+                self._scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+
+    @staticmethod
+    def _fail(batch: list[Call], exc: BaseException) -> None:
+        for call in batch:
+            if not call.future.done():
+                call.future.set_exception(exc)
+
+    async def _send(self, batch: list[Call]) -> None:
+        """Send the calls and settle every one of them (the topology's part)."""
+        raise NotImplementedError
+
+    async def drain(self) -> None:
+        """Wait for the batches in flight (before closing the connections)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,187 @@
+"""One Redis server (redis://, rediss://, unix://), or the primary a Sentinel names: a batch is one
+redis-py pipeline (transaction=False) on one pooled connection.
+
+NOSCRIPT (after SCRIPT FLUSH, a restart, a failover to a server that never saw the script): the
+calls that got it are sent again in a second pipeline headed by one SCRIPT LOAD per script, inside
+the same deadline, so no caller sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rx
+from redis.asyncio import Redis
+from redis.asyncio.sentinel import Sentinel
+
+from gateway.redis.batch import Arg, Batcher, Call
+from gateway.redis.errors import REDIS_FAILURES, convert
+
+log = logging.getLogger("gateway.redis")
+
+
+class PipelineRunner(Batcher):
+    def __init__(self, client: Redis, timeout: float) -> None:
+        super().__init__(timeout)
+        self.client = client
+
+    async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.pipeline_execute_command(*command)
+        # raise_on_error=False: an error reply is that command's result, the others stand
+        return await pipe.execute(raise_on_error=False)
+
+    async def _send(self, batch: list[Call]) -> None:
+        """At most two rounds: the second carries the calls that met NOSCRIPT (headed by SCRIPT
+        LOAD) and those a demoted primary refused, if `_replica_refused` says so."""
+        todo, load = batch, False
+        for last in (False, True):
+            loads: list[tuple[Arg, ...]] = []
+            if load:
+                scripts = {call.script.sha: call.script for call in todo}
+                loads = [("SCRIPT", "LOAD", script.source) for script in scripts.values()]
+            context = await self._before()
+            replies = await self._pipeline(loads + [call.command for call in todo])
+            again: list[Call] = []
+            refused: list[Call] = []
+            for call, reply in zip(todo, replies[len(loads):], strict=True):
+                if last or not isinstance(reply, rx.ResponseError):
+                    call.settle(reply)
+                elif isinstance(reply, rx.NoScriptError):
+                    again.append(call)
+                else:
+                    refused.append(call)
+                    call.reply = reply
+            if refused:
+                errors = [call.reply for call in refused if call.reply is not None]
+                if await self._replica_refused(errors, context):
+                    again.extend(refused)
+                else:
+                    for call in refused:
+                        call.settle(call.reply)
+            if not again:
+                return
+            todo, load = again, True
+
+    async def _before(self) -> object:
+        """Noted before a round is sent, for `_replica_refused` (Sentinel: the primary's address)."""
+        return None
+
+    async def _replica_refused(self, errors: list[BaseException], context: object) -> bool:
+        """Were these error replies a demoted primary refusing writes (so nothing ran, and the calls
+        may go again to the new one)? One server behind one address: READONLY (Redis 7 replies it by
+        type) means the address now leads to a replica, or will lead to the new primary after a
+        reconnect (a managed service moving its DNS name): drop the idle connections, go again."""
+        if any(isinstance(e, rx.ReadOnlyError) for e in errors):
+            await self.client.connection_pool.disconnect(inuse_connections=False)
+            return True
+        return False
+
+    async def ping(self) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.ping()
+        except REDIS_FAILURES as exc:
+            raise convert(exc) from exc
+
+    async def delete(self, key: str) -> bool:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return bool(await self.client.delete(key))
+        except REDIS_FAILURES as exc:
+            raise convert(exc) from exc
+
+    async def close(self) -> None:
+        await self.drain()
+        try:
+            await self.client.aclose()
+        except REDIS_FAILURES as exc:  # closing a connection that already broke
+            log.debug("closing the Redis connections: %s", exc)
+
+
+class SentinelRunner(PipelineRunner):
+    """The primary that Sentinel names for `redis.sentinel_master` (redis-py's SentinelConnectionPool).
+
+    redis-py asks the sentinels for the primary whenever it opens a connection, and drops a
+    connection that gets READONLY (the primary it reached was demoted) or a connection error.
+    Added here:
+
+    - a demoted primary runs nothing a decision script writes (a replica refuses every write, and
+      every decision script writes), so a batch it refused is sent once more, which reconnects to
+      the new primary: a switch costs no decision an error. Redis 7 says so by type (READONLY,
+      which redis-py's SentinelManagedConnection raises as a ConnectionError caused by a
+      ReadOnlyError); Redis 6.2 wraps READONLY in a script error like any other, so there any error
+      reply makes the runner ask the sentinels at once, and the calls go again only if they name
+      another primary than the one the batch was sent to;
+    - replication is asynchronous and a demoted primary keeps accepting writes until Sentinel
+      reconfigures it (seconds later), and those writes are lost. So the sentinels are asked again
+      every `check_interval` seconds while decisions flow; when they name another primary, idle
+      connections are closed and busy ones are marked to reconnect once their batch is done.
+    """
+
+    check_interval = 1.0
+
+    def __init__(self, sentinel: Sentinel, service: str, timeout: float) -> None:
+        super().__init__(sentinel.master_for(service, redis_class=Redis), timeout)
+        self.sentinel = sentinel
+        self.service = service
+        self._checked_at = time.monotonic()
+        self._checking: asyncio.Task[None] | None = None
+
+    async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
+        self._maybe_check()
+        try:
+            return await super()._pipeline(commands)
+        except rx.ConnectionError as exc:
+            # SentinelManagedConnection turns READONLY into ConnectionError, raised while handling
+            # the ReadOnlyError: its context tells the two apart, by type
+            if not isinstance(exc.__context__, rx.ReadOnlyError):
+                raise
+            log.warning("the Redis primary was demoted (READONLY): asking the sentinels again")
+            return await super()._pipeline(commands)
+
+    def _maybe_check(self) -> None:
+        now = time.monotonic()
+        if now - self._checked_at >= self.check_interval and (self._checking is None or self._checking.done()):
+            self._checked_at = now
+            self._checking = asyncio.get_running_loop().create_task(self._check_now())
+
+    async def _check(self) -> tuple[str, int] | None:
+        """Ask the sentinels for the primary now; on a new one, reconnect. None: no answer."""
+        pool: Any = self.client.connection_pool  # a SentinelConnectionPool
+        before = pool.master_address
+        try:
+            async with asyncio.timeout(self.timeout * 4):
+                # asks the sentinels; on a new address it closes the idle connections
+                primary: tuple[str, int] = await pool.get_master_address()
+        except REDIS_FAILURES:
+            return None  # the next check asks again; calls meanwhile go where they went
+        if before is not None and primary != before:
+            log.warning("sentinel names a new primary %s:%s: reconnecting", *primary)
+            await pool.update_active_connections_for_reconnect()
+        return primary
+
+    async def _check_now(self) -> None:
+        await self._check()
+
+    async def _before(self) -> object:
+        pool: Any = self.client.connection_pool
+        return pool.master_address
+
+    async def _replica_refused(self, errors: list[BaseException], context: object) -> bool:
+        primary = await self._check()
+        return context is not None and primary is not None and primary != context
+
+    async def close(self) -> None:
+        if self._checking is not None:
+            self._checking.cancel()
+        await super().close()
+        try:
+            await self.sentinel.aclose()
+        except REDIS_FAILURES as exc:
+            log.debug("closing the sentinel connections: %s", exc)

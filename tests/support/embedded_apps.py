@@ -1,0 +1,54 @@
+"""Two small applications guarded in-process by `gateway.RateLimitMiddleware`, for
+tests/test_middleware.py to run under uvicorn: a Starlette app and a FastAPI app with the same
+endpoints. The middleware's config file and Redis URL come from EMBED_CONFIG and EMBED_REDIS_URL
+(unset: the middleware's own default, then the embedded redis-server)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from fastapi import FastAPI
+from fastapi import Request as FastAPIRequest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+from gateway import RateLimitMiddleware
+
+CONFIG = os.environ.get("EMBED_CONFIG", "routes.yaml")
+REDIS_URL = os.environ.get("EMBED_REDIS_URL") or None
+
+
+async def order(request: Request) -> JSONResponse:
+    body = await request.body()
+    return JSONResponse({"item": request.path_params["item"], "length": len(body),
+                         "sha256": hashlib.sha256(body).hexdigest()})
+
+
+async def plain(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(request.url.path)
+
+
+starlette_app = Starlette(routes=[
+    Route("/orders/{item}", order, methods=["POST"]),
+    Route("/{name}", plain),
+])
+starlette_app.add_middleware(RateLimitMiddleware, config=CONFIG, redis_url=REDIS_URL)
+
+fastapi_app = FastAPI()
+
+
+@fastapi_app.post("/orders/{item}")
+async def fastapi_order(item: str, request: FastAPIRequest) -> dict[str, object]:
+    body = await request.body()
+    return {"item": item, "length": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+
+
+@fastapi_app.get("/{name}")
+async def fastapi_plain(name: str) -> PlainTextResponse:
+    return PlainTextResponse(f"/{name}")
+
+
+fastapi_app.add_middleware(RateLimitMiddleware, config=CONFIG, redis_url=REDIS_URL)

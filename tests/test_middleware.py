@@ -1,0 +1,123 @@
+"""`gateway.RateLimitMiddleware` guarding a real Starlette app and a real FastAPI app, each served
+by uvicorn in its own process, against a real Redis (SPEC section 6): the proxy's decisions,
+refusals, headers and failure policy, with admitted requests reaching the app whole."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+from tests.support.waiting import wait_for_port
+
+CONFIG = """
+version: 1
+redis: {{timeout: 200ms, key_prefix: {prefix}}}
+routes:
+  - name: orders
+    match: {{path: "/orders/{{item}}", methods: [POST]}}
+    limits:
+      - {{name: user, by: ["header:X-User"], algorithm: fixed_window, limit: 3, window: 1h}}
+      - {{name: dedupe, by: ["header:X-User", body], algorithm: sliding_log, limit: 1, window: 1h, status: 409}}
+  - name: closed
+    match: {{path: "/closed"}}
+    failure_mode: closed
+    limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
+  - name: open
+    match: {{path: "/open"}}
+    limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
+"""
+
+
+class Served:
+    """`uvicorn tests.support.embedded_apps:<app>` in a subprocess."""
+
+    def __init__(self, app: str, workdir: Path, redis_url: str | None) -> None:
+        config = workdir / f"routes-{uuid.uuid4().hex[:6]}.yaml"
+        config.write_text(textwrap.dedent(CONFIG.format(prefix=f"m{uuid.uuid4().hex[:8]}")))
+        env = {k: v for k, v in os.environ.items() if k != "GATEWAY_REDIS_URL"}
+        env["EMBED_CONFIG"] = str(config)
+        if redis_url:
+            env["EMBED_REDIS_URL"] = redis_url
+        self.port = free_port()
+        self.log = workdir / f"{app}.log"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", f"tests.support.embedded_apps:{app}", "--port", str(self.port),
+                 "--lifespan", "on"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(self.port, self.process)
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5)
+
+    def stop(self) -> str:
+        self.client.close()
+        self.process.terminate()
+        assert self.process.wait(10) in (0, -15)  # uvicorn re-raises the SIGTERM it handled gracefully
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(params=["starlette_app", "fastapi_app"])
+def served(request: pytest.FixtureRequest, tmp_path: Path, redis_proc: RedisProcess) -> Iterator[Served]:
+    app = Served(request.param, tmp_path, redis_proc.url)
+    yield app
+    assert "Traceback" not in app.stop()
+
+
+def test_limits_refusals_and_headers_are_the_proxys(served: Served) -> None:
+    client = served.client
+    big = os.urandom(200_000)  # larger than the body digest reads: the app still gets all of it
+    for i, body in enumerate([b"a", b"b", big]):
+        response = client.post(f"/orders/{i}", content=body, headers={"X-User": "alice"})
+        assert response.status_code == 200, response.text
+        assert response.json() == {"item": str(i), "length": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+        assert response.headers["ratelimit-policy"]  # the draft fields, as the proxy sends them
+    again = client.post("/orders/9", content=b"a", headers={"X-User": "bob"})
+    assert again.status_code == 200
+    duplicate = client.post("/orders/9", content=b"a", headers={"X-User": "bob"})
+    assert duplicate.status_code == 409 and duplicate.json()["rule"] == "dedupe"
+    over = client.post("/orders/4", content=b"d", headers={"X-User": "alice"})
+    assert over.status_code == 429
+    assert over.headers["content-type"] == "application/problem+json"
+    assert int(over.headers["retry-after"]) > 0 and over.json()["rule"] == "user"
+    missing = client.post("/orders/5", content=b"e")
+    assert missing.status_code == 400 and missing.json()["rule"] == "user"
+
+
+def test_requests_no_route_matches_pass_to_the_app_unlimited(served: Served) -> None:
+    for _ in range(5):
+        response = served.client.get("/free")
+        assert response.status_code == 200 and response.text == "/free"
+        assert "ratelimit-policy" not in response.headers
+    # a path a route owns under POST only: the app answers, as it would without the middleware
+    assert served.client.get("/orders/1").status_code == 405
+
+
+def test_redis_unavailable_follows_each_routes_failure_mode(tmp_path: Path) -> None:
+    unreachable = f"redis://127.0.0.1:{free_port()}"
+    for app_name in ("starlette_app", "fastapi_app"):
+        app = Served(app_name, tmp_path, unreachable)
+        try:
+            assert app.client.get("/open").text == "/open"
+            closed = app.client.get("/closed")
+            assert closed.status_code == 503 and closed.headers["retry-after"] == "1"
+        finally:
+            assert "Traceback" not in app.stop()
+
+
+def test_without_a_redis_url_it_starts_its_own_redis(tmp_path: Path) -> None:
+    app = Served("starlette_app", tmp_path, None)
+    try:
+        statuses = [app.client.post(f"/orders/{i}", content=str(i).encode(), headers={"X-User": "u"}).status_code
+                    for i in range(4)]
+        assert statuses == [200, 200, 200, 429]
+    finally:
+        assert "Traceback" not in app.stop()

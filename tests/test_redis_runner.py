@@ -1,0 +1,179 @@
+"""gateway/redis against a real redis-server: the decisions of one tick in one pipeline, each caller
+with its own answer; NOSCRIPT inside a batch; every failure a typed RedisUnavailable within the
+time budget; the admin interface (ping, reset, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+import pytest
+
+from gateway.config import RedisSettings, Rule
+from gateway.embedded import EmbeddedRedis
+from gateway.errors import BreakerOpen, RedisConnectionFailed, RedisErrorReply, RedisTimeout, RedisUnavailable
+from gateway.keys import state_key
+from gateway.limiter import Decision, Limiter, rule_spec
+from gateway.redis import PipelineRunner, make_runner
+from gateway.redis.connections import HiredisPacking
+from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+
+QUOTA = [rule_spec(Rule("stock", (), "quota", limit=25))]
+
+
+def _key() -> str:
+    return state_key("rlgw", f"r{uuid.uuid4().hex[:8]}", "stock", "~")
+
+
+def _commandstats(proc: RedisProcess) -> dict[str, int]:
+    stats = proc.client().info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def test_concurrent_decisions_share_one_pipeline_and_each_gets_its_own_answer(redis_proc: RedisProcess) -> None:
+    good = _key()
+
+    async def main() -> list[Decision | BaseException]:
+        runner = make_runner(RedisSettings(url=redis_proc.url, timeout=2.0))
+        assert isinstance(runner, PipelineRunner)
+        limiter = Limiter(runner)
+        await limiter.decide(QUOTA, [_key()], [1])  # connected, script loaded
+        batches = 0
+        pipeline = runner._pipeline
+
+        async def counting(commands: Sequence[tuple[bytes | str | int, ...]]) -> list[Any]:
+            nonlocal batches
+            batches += 1
+            return await pipeline(commands)
+
+        runner._pipeline = counting  # type: ignore[method-assign]
+        calls: list[Awaitable[Any]] = [limiter.decide(QUOTA, [good], [1]) for _ in range(30)]
+        script = next(iter(limiter.scripts.values())).script
+
+        async def bad() -> Any:  # the script fails on this one
+            return await runner.run(script, [_key()], [b"not a number"])
+
+        calls.insert(7, bad())
+        out = await asyncio.gather(*calls, return_exceptions=True)
+        await limiter.close()
+        assert batches == 1
+        return out
+
+    out = asyncio.run(main())
+    assert isinstance(out[7], RedisErrorReply) and out[7].kind == "error_reply"
+    answers = [d for d in out if isinstance(d, Decision)]
+    assert [d.admitted for d in answers] == [True] * 25 + [False] * 5  # in the order they were asked
+    assert redis_proc.client().get(good) == b"25"
+
+
+def test_script_flush_in_the_middle_of_a_batch_costs_no_call_an_error(redis_proc: RedisProcess) -> None:
+    keys = [_key() for _ in range(40)]
+
+    async def main() -> list[bool]:
+        limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=2.0)))
+        await limiter.decide(QUOTA, [_key()], [1])
+        redis_proc.client().script_flush()
+        redis_proc.client().config_resetstat()
+        out = await asyncio.gather(*[limiter.decide(QUOTA, [k], [1]) for k in keys])
+        await limiter.close()
+        return [d.admitted for d in out]
+
+    assert asyncio.run(main()) == [True] * 40
+    stats = _commandstats(redis_proc)
+    assert stats.get("script") == 1  # one SCRIPT LOAD for the batch
+    assert stats.get("evalsha") == 80  # each call twice: NOSCRIPT, then its answer
+
+
+def test_a_paused_redis_costs_a_decision_no_more_than_the_timeout() -> None:
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    try:
+        async def main() -> list[float]:
+            limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=0.05)))
+            await limiter.decide(QUOTA, [_key()], [1])
+            os.kill(proc.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            waited = []
+            try:
+                for _ in range(3):
+                    started = time.perf_counter()
+                    with pytest.raises(RedisTimeout) as caught:
+                        await limiter.decide(QUOTA, [_key()], [1])
+                    assert caught.value.kind == "timeout"
+                    waited.append(time.perf_counter() - started)
+                # concurrent calls queued while the first batches hang: the same bound
+                started = time.perf_counter()
+                out = await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(50)],
+                                           return_exceptions=True)
+                waited.append(time.perf_counter() - started)
+                assert all(isinstance(e, RedisUnavailable) for e in out)
+            finally:
+                os.kill(proc.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+            await limiter.close()
+            return waited
+
+        waited = asyncio.run(main())
+        print("waited (s):", [round(w, 4) for w in waited])
+        assert max(waited) < 0.05 + 0.03, waited  # the budget, and a loop tick or two
+    finally:
+        proc.stop()
+
+
+def test_failures_are_typed_and_the_breaker_opens(redis_proc: RedisProcess) -> None:
+    async def main() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=f"redis://127.0.0.1:{free_port()}", timeout=0.2)))
+        for _ in range(limiter.breaker.failures_to_open):
+            with pytest.raises(RedisConnectionFailed) as caught:
+                await limiter.decide(QUOTA, [_key()], [1])
+            assert caught.value.kind == "connection"
+        with pytest.raises(BreakerOpen) as opened:
+            await limiter.decide(QUOTA, [_key()], [1])
+        assert opened.value.kind == "breaker_open"
+        with pytest.raises(RedisConnectionFailed):
+            await limiter.ping()
+        await limiter.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("where", ["tcp", "unix"])
+def test_ping_reset_and_close(where: str) -> None:
+    proc = EmbeddedRedis() if where == "unix" else RedisProcess()  # embedded: a unix socket only
+    proc.start()
+    try:
+        key = _key()
+
+        async def main() -> tuple[bool, bool, bool]:
+            limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=1.0)))
+            await limiter.ping()
+            assert (await limiter.decide(QUOTA, [key], [1])).admitted
+            first = await limiter.reset(key)
+            second = await limiter.reset(key)
+            again = (await limiter.decide(QUOTA, [key], [25])).admitted  # the whole quota again
+            await limiter.close()
+            return first, second, again
+
+        assert asyncio.run(main()) == (True, False, True)
+        assert proc.url.startswith("unix://" if where == "unix" else "redis://")
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize(("url", "db"), [
+    ("redis://:pw@h:1/5", 5), ("rediss://u:p@h:6380/2?ssl_cert_reqs=none", 2), ("unix:///tmp/r.sock?db=3", 3),
+])
+def test_every_url_gets_connections_that_pack_with_hiredis(url: str, db: int) -> None:
+    runner = make_runner(RedisSettings(url=url, timeout=0.05))
+    assert isinstance(runner, PipelineRunner)
+    pool = runner.client.connection_pool
+    assert issubclass(pool.connection_class, HiredisPacking)
+    assert pool.connection_kwargs["db"] == db
+    assert pool.connection_kwargs["socket_connect_timeout"] == 0.05
+    packed = pool.make_connection().pack_command(b"EVALSHA", b"ab", 1, "k", 7)  # type: ignore[no-untyped-call]
+    assert packed == [b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"]
