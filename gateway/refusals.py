@@ -37,6 +37,7 @@ __all__ = ["DEFAULT_MAX_ENTRIES", "LocalRefusals", "micros"]
 DEFAULT_MAX_ENTRIES = LOCAL_REFUSALS_MAX
 NEVER = float("inf")
 COSTS_PER_IDENTITY = 4  # refusals of different costs kept per identity (the newest)
+STEP_ASIDE = 8  # turns of the event loop an answer from memory lets pass before it goes out
 PPM = 1000  # allowance for the rates of this clock and Redis's (NTP slews at most 500 ppm)
 
 Keys = tuple[str, ...]
@@ -119,7 +120,14 @@ class LocalRefusals:
 
         Under a flood, when a held refusal runs out the requests arriving together would all ask
         Redis at once: one asks (the probe), the others wait for its answer and then look again.
-        Redis errors pass through (the caller's failure policy applies)."""
+        Redis errors pass through (the caller's failure policy applies).
+
+        An answer from memory lets STEP_ASIDE turns of the event loop pass before it is returned.
+        It is done in one turn, while an admitted request needs several (Redis's reply, the
+        upstream's): under a flood every turn would carry one refusal per flooding connection and
+        an honest request would wait that long at each of its turns (bench/flood.py: honest p50
+        18.6 ms with no turns, 5.2 ms with 8, 5.4 ms with memory off; refusals per second alike).
+        Spread over several turns, the flood leaves each turn short."""
         if not self.enabled:
             return await ask(), False
         identity, cost = tuple(keys), tuple(costs)
@@ -131,7 +139,10 @@ class LocalRefusals:
             now = self.clock()
             if now < held.until:
                 self.entries.move_to_end(identity)
-                return held.answer(now), True
+                answer = held.answer(now)
+                for _ in range(STEP_ASIDE):  # honest requests first (see the docstring)
+                    await asyncio.sleep(0)
+                return answer, True
             if held.probe is None:
                 probing = held
                 held.probe = asyncio.get_running_loop().create_future()
