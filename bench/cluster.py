@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cluster.py                       # 1 and 3 primaries, shards 1 and 6
     .venv/bin/python bench/cluster.py --decisions 60000 --shards 12
+    .venv/bin/python bench/cluster.py --binary /usr/bin/redis-server   # Debian's Redis 7
 
 For each (primaries, shards): a fresh cluster of real redis-servers (the pip-shipped 6.2; one
 primary owning all 16384 slots, or three from `redis-cli --cluster create`), every one of them pinned
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,12 +33,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.config import RedisSettings, parse_config
+from gateway.embedded import redis_server_binary
 from gateway.keys import rule_key
 from gateway.limiter import Limiter
 from gateway.redis import make_runner
 from gateway.runtime import RoutePlan, route_plan
 from tests.support.cluster import RedisCluster
-from tests.support.ports import free_cluster_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
@@ -62,21 +64,22 @@ def plan(shards: int) -> RoutePlan:
 class OnePrimary(RedisCluster):
     """A cluster of one primary owning every slot (redis-cli wants three for `--cluster create`)."""
 
-    def __init__(self) -> None:
-        super().__init__(size=1)
+    def __init__(self, binary: str | None = None) -> None:
+        super().__init__(size=1, binary=binary)
 
     def start(self) -> None:
         node = self.nodes[0]
         node.start()
-        node.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+        node.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))  # type: ignore[no-untyped-call]
         wait_until(self.healthy, timeout=30)
 
 
 def primaries(cluster: RedisCluster) -> list[RedisProcess]:
-    return [n for n in cluster.live() if n.client().execute_command("ROLE")[0] == b"master"]
+    return [n for n in cluster.live() if n.client().execute_command("ROLE")[0] == b"master"]  # type: ignore[no-untyped-call]
 
 
-def sample(node: RedisProcess) -> tuple[int, int, float]:
+def sample(node: RedisProcess) -> tuple[int, int, float, int, int]:
+    """EVALSHA calls and usec, CPU seconds, used_memory bytes and keys of one primary."""
     client = node.client()
     stats = client.info("commandstats")
     calls = usec = 0
@@ -84,7 +87,8 @@ def sample(node: RedisProcess) -> tuple[int, int, float]:
         calls += int(stats.get(name, {}).get("calls", 0))
         usec += int(stats.get(name, {}).get("usec", 0))
     cpu = client.info("cpu")
-    return calls, usec, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+    memory = int(client.info("memory")["used_memory"])
+    return calls, usec, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), memory, int(client.dbsize())
 
 
 async def load(url: str, route: RoutePlan, count: int, users: int, concurrency: int, warm: int = 0) -> float:
@@ -113,8 +117,9 @@ async def load(url: str, route: RoutePlan, count: int, users: int, concurrency: 
     return elapsed
 
 
-def measure(nodes: int, shards: int, count: int, users: int, concurrency: int) -> dict[str, Any]:
-    cluster: RedisCluster = OnePrimary() if nodes == 1 else RedisCluster(size=nodes)
+def measure(nodes: int, shards: int, count: int, users: int, concurrency: int,
+            binary: str | None) -> dict[str, Any]:
+    cluster: RedisCluster = OnePrimary(binary) if nodes == 1 else RedisCluster(size=nodes, binary=binary)
     cluster.start()
     try:
         for node in cluster.nodes:
@@ -123,7 +128,7 @@ def measure(nodes: int, shards: int, count: int, users: int, concurrency: int) -
         os.sched_setaffinity(0, set(CORES[:-1]) or {CORES[0]})
         heads = primaries(cluster)
         route = plan(shards)
-        asyncio.run(load(cluster.url, route, 0, users, 1, warm=2000))  # not counted
+        asyncio.run(load(cluster.url, route, 0, 50, 1, warm=100))  # not counted: scripts, items
         before = [sample(n) for n in heads]
         elapsed = asyncio.run(load(cluster.url, route, count, users, concurrency))
         after = [sample(n) for n in heads]
@@ -132,8 +137,11 @@ def measure(nodes: int, shards: int, count: int, users: int, concurrency: int) -
     calls = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     usec = [a[1] - b[1] for a, b in zip(after, before, strict=True)]
     cpu = [a[2] - b[2] for a, b in zip(after, before, strict=True)]
+    memory = sum(a[3] - b[3] for a, b in zip(after, before, strict=True))
+    keys = sum(a[4] - b[4] for a, b in zip(after, before, strict=True))
     total = sum(calls)
     return {
+        "bytes_per_key": memory / keys if keys else 0.0,
         "primaries": nodes,
         "shards": shards,
         "decisions": total,
@@ -153,22 +161,26 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--binary", default=None, help="redis-server to run (default: the pip-shipped 6.2)")
     args = parser.parse_args()
-    print(f"{args.decisions} decisions of a 3-rule route from {args.users} users; Redis pinned to core "
+    version = subprocess.run([args.binary or redis_server_binary(), "--version"], capture_output=True,
+                             text=True, check=True).stdout.split()[2]
+    print(f"{args.decisions} decisions of a 3-rule route from {args.users} users; Redis {version} pinned to core "
           f"{CORES[-1]}, the client to {sorted(set(CORES[:-1]) or {CORES[0]})}\n")
     print("| primaries | shards | decisions/s (1 Python client) | EVALSHA µs/call | Redis CPU µs/decision "
-          "| decisions per primary | max/min |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| decisions per primary | max/min | bytes per new key |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for nodes in (1, 3):
         for shards in (1, args.shards):
-            rows = [measure(nodes, shards, args.decisions, args.users, args.concurrency)
+            rows = [measure(nodes, shards, args.decisions, args.users, args.concurrency, args.binary)
                     for _ in range(args.rounds)]
             row = rows[0]
             spread = "—" if nodes == 1 else (f"{row['spread']:.2f}" if min(row["calls"]) else "all on one")
             print(f"| {nodes} | {shards} | {statistics.median(r['per_s'] for r in rows):,.0f} "
                   f"| {statistics.median(r['script_us'] for r in rows):.1f} "
                   f"| {statistics.median(r['cpu_us'] for r in rows):.1f} "
-                  f"| {' / '.join(f'{c:,}' for c in row['calls'])} | {spread} |", flush=True)
+                  f"| {' / '.join(f'{c:,}' for c in row['calls'])} | {spread} "
+                  f"| {statistics.median(r['bytes_per_key'] for r in rows):.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ key, reload.
                                              and this worker's breaker state
     GET    /readyz                           config loaded and serving (200); never asks Redis
     GET    /metrics                          Prometheus text
-    GET    /limits                           every route and rule with its parameters
-    GET    /limits/{route}/{rule}?key=...    the state of one key
-    DELETE /limits/{route}/{rule}?key=...    reset it
+    GET    /limits                           every route and rule with its parameters (and shards, and
+                                             whether each rule's limit is split over them)
+    GET    /limits/{route}/{rule}?key=...    the state of one key; of a rule split over shards, the
+                                             total over them and each shard's (docs/scaling.md)
+    DELETE /limits/{route}/{rule}?key=...    reset it (in every shard)
     POST   /reload                           validate routes.yaml and swap it in
 
 Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
@@ -178,7 +180,9 @@ def admin_app(control: AdminControl) -> Starlette:
                 "upstream": route.upstream.name if route.upstream else None,
                 "failure_mode": route.failure_mode,
                 "headers": route.headers,
-                "rules": [rule_parameters(rule) for rule in route.limits],
+                "shards": route.shards,
+                "rules": [rule_parameters(rule) | ({"split": split} if route.shards > 1 else {})
+                          for rule, split in zip(route.limits, route.split, strict=True)],
             })
         return JSONResponse({"routes": routes})
 

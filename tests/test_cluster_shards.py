@@ -182,6 +182,9 @@ def test_eight_gateways_racing_never_admit_more_than_the_split_quota(
         assert exact[200] == 120 and exact[429] == 1080 and sum(exact.values()) == 1200
 
         admin = gateways[3].admin_url
+        listed = {r["name"]: r for r in httpx.get(f"{admin}/limits").json()["routes"]}
+        assert listed["sale"]["shards"] == 6 and [r["split"] for r in listed["sale"]["rules"]] == [False, True]
+        assert listed["exact"]["shards"] == 1 and all("split" not in r for r in listed["exact"]["rules"])
         state = httpx.get(f"{admin}/limits/sale/stock", params={"key": "9"}).json()
         assert state["limit"] == 120 and state["remaining"] == 0 and state["exhausted"]
         assert state["shards"] == 6 and state["split"] is True
