@@ -5,9 +5,11 @@ key, reload.
                                              and this worker's breaker state
     GET    /readyz                           config loaded and serving (200); never asks Redis
     GET    /metrics                          Prometheus text
-    GET    /limits                           every route and rule with its parameters
-    GET    /limits/{route}/{rule}?key=...    the state of one key
-    DELETE /limits/{route}/{rule}?key=...    reset it
+    GET    /limits                           every route and rule with its parameters (and shards, and
+                                             whether each rule's limit is split over them)
+    GET    /limits/{route}/{rule}?key=...    the state of one key; of a rule split over shards, the
+                                             total over them and each shard's (docs/scaling.md)
+    DELETE /limits/{route}/{rule}?key=...    reset it (in every shard)
     POST   /reload                           validate routes.yaml and swap it in
 
 Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
@@ -25,8 +27,8 @@ import ipaddress
 import os
 import signal
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -37,14 +39,16 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
-from gateway.keys import identity_token, state_key
-from gateway.limiter import Outcome
+from gateway.keys import identity_token, shard_tags, state_key
+from gateway.limiter import Decision, Outcome
 from gateway.responses import problem
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
     from gateway.settings import Settings
 
+A = TypeVar("A")
+T = TypeVar("T")
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 
@@ -176,7 +180,9 @@ def admin_app(control: AdminControl) -> Starlette:
                 "upstream": route.upstream.name if route.upstream else None,
                 "failure_mode": route.failure_mode,
                 "headers": route.headers,
-                "rules": [rule_parameters(rule) for rule in route.limits],
+                "shards": route.shards,
+                "rules": [rule_parameters(rule) | ({"split": split} if route.shards > 1 else {})
+                          for rule, split in zip(route.limits, route.split, strict=True)],
             })
         return JSONResponse({"routes": routes})
 
@@ -198,26 +204,63 @@ def admin_app(control: AdminControl) -> Starlette:
         if len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
             return problem_response(400, f"give one key= per identity source of the rule ({sources})")
-        key = state_key(runtime.redis.key_prefix, route_name, rule_name, identity_token(values))
+        token = identity_token(values)
+        prefix, tags = runtime.redis.key_prefix, shard_tags(route_name, plan.shards)
+        split = plan.route.split[index]
+        if split:  # a share of the rule in every shard
+            shards = list(range(plan.shards))
+        else:  # one shard: the one the first rule's identity, read from this key's, picks
+            first = plan.rules[0].by
+            shards = [plan.shard_of([values[rule.by.index(s)] for s in first])] if plan.shards > 1 else [0]
+        keys = [state_key(prefix, route_name, rule_name, token, tags[shard]) for shard in shards]
         try:
             if request.method == "DELETE":
-                deleted = await runtime.limiter.reset(key)
-                runtime.refusals.forget_key(key)  # this worker's; others hold theirs until the retry
-                return JSONResponse({"route": route_name, "rule": rule_name, "key": key, "reset": deleted})
-            decision = await runtime.limiter.decide([plan.args[index]], [key], [0], peek=True)
+                deleted = await _each(keys, runtime.limiter.reset)
+                for key in keys:  # this worker's memory; others hold theirs until the retry
+                    runtime.refusals.forget_key(key)
+                body: dict[str, Any] = {"route": route_name, "rule": rule_name, "key": keys[0],
+                                        "reset": any(deleted)}
+                if split:
+                    body.update(key=None, keys=len(keys), reset_shards=sum(deleted))
+                return JSONResponse(body)
+            limiter = runtime.limiter
+
+            def peek(at: tuple[int, str]) -> Awaitable[Decision]:
+                return limiter.decide([plan.shard_args[at[0]][index]], [at[1]], [0], peek=True)
+
+            states = await _each(list(zip(shards, keys, strict=True)), peek)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
-        state = decision.rules[0]
-        return JSONResponse({
+        found = [decision.rules[0] for decision in states]
+        spent = [state.outcome is not Outcome.ADMITS or state.remaining <= 0 for state in found]
+        per_shard = [{
+            "shard": shard,
+            "key": key,
+            "limit": plan.shard_args[shard][index].p1,
+            "remaining": state.remaining,
+            "reset_ms": state.reset_ms,
+            "exhausted": exhausted,
+        } for shard, key, state, exhausted in zip(shards, keys, found, spent, strict=True)]
+        resets = [state.reset_ms for state in found]
+        out: dict[str, Any] = {
             "route": route_name,
             "rule": rule_name,
             "algorithm": rule.algorithm,
-            "key": key,
+            "key": keys[0],
             "limit": rule.quota_size,
-            "remaining": state.remaining,
-            "reset_ms": state.reset_ms,
-            "exhausted": state.outcome is not Outcome.ADMITS or state.remaining <= 0,
-        })
+            "remaining": sum(state.remaining for state in found),
+            "reset_ms": -1 if min(resets) < 0 else max(resets),
+            "exhausted": all(spent),
+        }
+        if plan.shards > 1:
+            out["shards"] = plan.shards
+            out["split"] = split
+            if split:
+                out["key"] = None
+                out["per_shard"] = per_shard
+            else:
+                out["shard"] = shards[0]
+        return JSONResponse(out)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -240,6 +283,17 @@ def admin_app(control: AdminControl) -> Starlette:
         ],
         exception_handlers={HTTPException: http_error},
     )
+
+
+SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
+
+
+async def _each(items: Sequence[A], call: Callable[[A], Awaitable[T]]) -> list[T]:
+    """`call` for every item (one per shard), a few dozen at a time; the results in order."""
+    out: list[T] = []
+    for start in range(0, len(items), SHARD_CALLS):
+        out.extend(await asyncio.gather(*(call(item) for item in items[start:start + SHARD_CALLS])))
+    return out
 
 
 def _runtime(control: AdminControl) -> Runtime:

@@ -25,6 +25,7 @@ MAX_NODES = 200_000
 MAX_DEPTH = 40
 MAX_COST = 1_000_000_000
 MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
+MAX_SHARDS = 1024  # per route: hash tags a route's keys spread over (docs/scaling.md)
 MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
 MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
 LOCAL_REFUSALS_MAX = 100_000  # refusals each worker keeps in memory by default (gateway/refusals.py)
@@ -126,6 +127,33 @@ class Route:
     limits: tuple[Rule, ...]
     failure_mode: str = "open"
     headers: str = "draft"
+    shards: int = 1            # hash tags the route's keys spread over (Redis Cluster)
+
+    @property
+    def split(self) -> tuple[bool, ...]:
+        """Per rule: whether it holds its limit split over the shards (see `keeps_full_limit`)."""
+        if self.shards == 1 or not self.limits:
+            return tuple(False for _ in self.limits)
+        first = self.limits[0]
+        return tuple(not keeps_full_limit(first, rule) for rule in self.limits)
+
+
+def keeps_full_limit(first: Rule, rule: Rule) -> bool:
+    """Whether every request of one of `rule`'s identities lands in one shard of a route whose
+    shard is chosen by `first`'s identity: its sources include all of `first`'s, so its identity
+    fixes `first`'s. Not when it falls back to the client address while `first` does not (its key
+    would then be shared by requests that `first` sends to different shards)."""
+    mine, theirs = set(rule.by), set(first.by)
+    if not theirs or not mine >= theirs:
+        return False
+    return mine == theirs or rule.on_missing != "ip"
+
+
+def shard_share(total: int, shards: int, shard: int) -> int:
+    """Shard `shard`'s part of `total` split over `shards`: floor division, the remainder one each
+    to the first shards, so the shares add up to exactly `total`."""
+    base, extra = divmod(total, shards)
+    return base + (1 if shard < extra else 0)
 
 
 @dataclass(frozen=True)
@@ -577,7 +605,7 @@ def _routes(
     return tuple(out)
 
 
-ROUTE_KEYS = ("name", "match", "upstream", "limits", "failure_mode", "headers")
+ROUTE_KEYS = ("name", "match", "upstream", "limits", "failure_mode", "headers", "shards")
 
 
 def _route(
@@ -631,6 +659,7 @@ def _route(
             options = FAILURE_MODES if pkey == "failure_mode" else HEADER_MODES
             policy[pkey] = r.choice(m[pkey], f"{key}.{pkey}", options) or policy[pkey]
     rules: list[Rule] = []
+    rule_nodes: list[yaml.Node] = []
     params = path_params(path)
     if "limits" in m:
         rule_names: set[str] = set()
@@ -644,6 +673,12 @@ def _route(
                 r.problem(rnode, f"{key}.limits[{j}].name", f"rule '{rule.name}' is defined twice")
             rule_names.add(rule.name)
             rules.append(rule)
+            rule_nodes.append(rnode)
+    shards = 1
+    if "shards" in m:
+        shards = r.integer(m["shards"], f"{key}.shards", 1, MAX_SHARDS) or 1
+        if shards > 1:
+            _check_shards(m["shards"], key, r, rules, rule_nodes, shards)
     if name is None or (upstream is None and r.proxy):
         return None
     return Route(
@@ -655,7 +690,53 @@ def _route(
         limits=tuple(rules),
         failure_mode=policy["failure_mode"],
         headers=policy["headers"],
+        shards=shards,
     )
+
+
+def _check_shards(
+    snode: yaml.Node, key: str, r: _Reader, rules: list[Rule], nodes: list[yaml.Node], shards: int
+) -> None:
+    """A sharded route needs an identity to spread by, and every split rule a share of at least
+    one (and of at least its cost) in every shard."""
+    if not rules:
+        r.problem(snode, f"{key}.shards", "a route without limits has nothing to shard")
+        return
+    first = rules[0]
+    if not first.by:
+        r.problem(snode, f"{key}.shards",
+                  f"the first rule ({first.name!r}) has no identity (by: []): nothing to spread the shards by")
+        return
+    if first.on_missing == "skip":
+        r.problem(snode, f"{key}.shards",
+                  f"the first rule ({first.name!r}) has on_missing: skip: a request without its identity "
+                  "would have no shard (use reject or ip)")
+    for j, (rule, rnode) in enumerate(zip(rules, nodes, strict=True)):
+        if keeps_full_limit(first, rule):
+            continue
+        where = f"{key}.limits[{j}]({rule.name})"
+        field = "burst" if rule.algorithm in BUCKET_ALGORITHMS else "limit"
+        node = _child(rnode, field) or rnode
+        total = rule.quota_size
+        if total < shards:
+            r.problem(node, f"{where}.{field}",
+                      f"{field} {total} is split over shards: {shards}; each shard needs at least 1 "
+                      f"(use shards <= {total}, or give the rule the first rule's identity)")
+            continue
+        smallest = shard_share(total, shards, shards - 1) + (1 if rule.algorithm == "leaky_bucket" else 0)
+        if rule.cost > smallest:
+            r.problem(_child(rnode, "cost") or node, f"{where}.cost",
+                      f"cost {rule.cost} can never fit a shard's share ({smallest} of {field} {total} "
+                      f"over shards: {shards})")
+
+
+def _child(node: yaml.Node, name: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for knode, vnode in node.value:
+            if isinstance(knode, yaml.ScalarNode) and knode.value == name:
+                assert isinstance(vnode, yaml.Node)
+                return vnode
+    return None
 
 
 def _check_template(path: str) -> str | None:

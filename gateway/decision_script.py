@@ -14,7 +14,7 @@ import re
 from string import Template
 from typing import NamedTuple
 
-from gateway.config import BUCKET_ALGORITHMS, MAX_RULES, Rule
+from gateway.config import BUCKET_ALGORITHMS, MAX_RULES, Rule, shard_share
 from gateway.scripts import Script, read_script
 
 EXACT = 2**53  # Lua numbers are doubles: integers below this are exact
@@ -29,12 +29,15 @@ class RuleSpec(NamedTuple):
     shadow: bool
 
 
-def rule_spec(rule: Rule) -> RuleSpec:
+def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
+    """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
+    its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
     if rule.algorithm in BUCKET_ALGORITHMS:
-        # whole microseconds, rounded up: never more than the rate
-        step = max(1, math.ceil(float(repr(1_000_000 / rule.rate)) - 1e-6))
-        return RuleSpec(rule.algorithm, rule.burst, step, rule.shadow)
-    return RuleSpec(rule.algorithm, rule.limit, round(rule.window * 1_000_000), rule.shadow)
+        # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
+        step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
+        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow)
+    return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.window * 1_000_000),
+                    rule.shadow)
 
 
 class _Dollar(Template):

@@ -53,15 +53,19 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     rules: list[Rule] = []      # the rules this request has identities for
     keys: list[str] = []        # one per rule of the route ...
     costs: list[int | None] = []  # ... None where the rule sits out (on_missing: skip)
+    args, prefix_keys = plan.args, plan.prefix_keys
     try:
         for i, rule in enumerate(plan.rules):
             parts = rule_identity(rule, view)
+            if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
+                shard = plan.shard_of(parts)
+                args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
             if parts is None:
-                keys.append(plan.prefix_keys[i])
+                keys.append(prefix_keys[i])
                 costs.append(None)
                 continue
             rules.append(rule)
-            keys.append(rule_key(plan.prefix_keys[i], parts))
+            keys.append(rule_key(prefix_keys[i], parts))
             costs.append(_cost(rule, view))
     except IdentityMissing as exc:
         answer = problem(400, str(exc), route=route.name, rule=exc.rule)
@@ -73,7 +77,7 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     if not rules:
         return Verdict("admitted", "", None, [], 0, view.body_prefix, more_body)
     try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
-        ask = partial(runtime.limiter.decide, plan.args, keys, costs)
+        ask = partial(runtime.limiter.decide, args, keys, costs)
         decision, from_memory = await runtime.refusals.decide(rules, keys, costs, ask)
     except RedisUnavailable as exc:
         metrics.REDIS_ERRORS.labels(exc.kind).inc()

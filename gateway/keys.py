@@ -1,9 +1,18 @@
 """The only place a Redis key is built.
 
-    <prefix>:{<route>}:<rule>:<identity>
+    <prefix>:{<route>}:<rule>:<identity>                      shards: 1 (the default)
+    <prefix>:{<route>:<shard>:<salt>}:<rule>:<identity>       shards: N > 1, shard in 0..N-1
 
-The `{<route>}` hash tag puts every key of one decision in one Cluster slot, so the one script call
-works on Redis Cluster. Route, rule and prefix names are validated by config to `[A-Za-z0-9_.-]`.
+The hash tag puts every key of one decision in one Cluster slot, so the one script call works on
+Redis Cluster. A sharded route has N tags, one per shard; a request's shard is `shard_of()` of its
+first rule's identity parts: BLAKE2b-64 (personalised `rlgw-shard`) of the length-prefixed parts,
+read big-endian, modulo N. It depends on nothing but the bytes (not on Python's hash(), the process,
+the version or the platform), so every gateway sends one identity to the same shard. `<salt>` is the
+smallest whole number putting the tag's slot (CRC16 mod 16384, Redis's) in the shard's N-th of the
+slot space, so the N tags are evenly spaced over the slots and a cluster whose primaries own equal
+slot ranges gets N/P of them each (docs/scaling.md).
+
+Route, rule and prefix names are validated by config to `[A-Za-z0-9_.-]`.
 Client-supplied identity parts are kept readable only when every part is short and made of safe
 characters (`[A-Za-z0-9._-]`, no separator, no brace); anything else becomes `~` + a 120-bit
 BLAKE2b digest of the length-prefixed parts; a rule without identity parts gets `~` alone. So no
@@ -14,9 +23,13 @@ longer than a fixed bound.
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
+
+SLOTS = 16384  # Redis Cluster's hash slots
 
 _SAFE = re.compile(rb"^[A-Za-z0-9._-]{1,32}$")
 MAX_READABLE = 48
@@ -41,8 +54,41 @@ def hash_tag(prefix: str, route: str) -> str:
     return f"{prefix}:{{{route}}}"
 
 
-def state_key(prefix: str, route: str, rule: str, token: str) -> str:
-    return f"{prefix}:{{{route}}}:{rule}:{token}"
+def state_key(prefix: str, route: str, rule: str, token: str, tag: str | None = None) -> str:
+    """A rule's key; `tag` is one of `shard_tags(route, N)` on a sharded route (default: the route)."""
+    return f"{prefix}:{{{tag or route}}}:{rule}:{token}"
+
+
+def shard_of(parts: Sequence[bytes], shards: int) -> int:
+    """The shard (0..shards-1) of a request whose first rule has identity `parts`."""
+    if shards == 1:
+        return 0
+    digest = hashlib.blake2b(digest_size=8, person=b"rlgw-shard")
+    for part in parts:
+        digest.update(len(part).to_bytes(4, "big"))
+        digest.update(part)
+    return int.from_bytes(digest.digest(), "big") % shards
+
+
+def slot(text: str) -> int:
+    """Redis Cluster's slot of a key or hash tag: CRC16 (XMODEM) mod 16384."""
+    return binascii.crc_hqx(text.encode(), 0) % SLOTS
+
+
+@functools.lru_cache(maxsize=64)
+def shard_tags(route: str, shards: int) -> tuple[str, ...]:
+    """The hash tag of each shard of a route: `<route>` alone for one shard (keys as before sharding
+    existed), else `<route>:<shard>:<salt>` with the tag's slot in the shard's part of the slots."""
+    if shards == 1:
+        return (route,)
+    tags = []
+    for shard in range(shards):
+        low, high = shard * SLOTS // shards, (shard + 1) * SLOTS // shards
+        salt = 0
+        while not low <= slot(f"{route}:{shard}:{salt}") < high:
+            salt += 1
+        tags.append(f"{route}:{shard}:{salt}")
+    return tuple(tags)
 
 
 def rule_key(rule_prefix: str, parts: Sequence[bytes]) -> str:

@@ -13,7 +13,7 @@ from gateway import metrics
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings, Route, Rule
 from gateway.identity import JwtVerifier
-from gateway.keys import state_key
+from gateway.keys import shard_of, shard_tags, state_key
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.proxy import UpstreamClient
@@ -29,6 +29,43 @@ class RoutePlan:
     prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
     needs_body: bool
     client: UpstreamClient | None  # None: the middleware, which forwards to the app it wraps
+    # shards: N > 1 (gateway.keys): per shard, each rule's spec (its share where split) and key prefix;
+    # args and prefix_keys are shard 0's
+    shard_args: tuple[tuple[RuleSpec, ...], ...] = ()
+    shard_prefix_keys: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def shards(self) -> int:
+        return self.route.shards
+
+    def shard_of(self, first_parts: list[bytes] | None) -> int:
+        """The shard of a request whose first rule has these identity parts."""
+        return shard_of(first_parts or (), self.route.shards)
+
+
+def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> RoutePlan:
+    shards = route.shards
+    tags = shard_tags(route.name, shards)
+    split = route.split
+    shared: dict[tuple[RuleSpec, ...], tuple[RuleSpec, ...]] = {}  # N shards, at most rules + 1 kinds
+    shard_args = []
+    for shard in range(shards):
+        specs = tuple(rule_spec(rule, shards, shard) if cut else rule_spec(rule)
+                      for rule, cut in zip(route.limits, split, strict=True))
+        shard_args.append(shared.setdefault(specs, specs))
+    shard_prefix_keys = tuple(
+        tuple(state_key(key_prefix, route.name, rule.name, "", tag) for rule in route.limits) for tag in tags
+    )
+    return RoutePlan(
+        route=route,
+        rules=route.limits,
+        args=shard_args[0],
+        prefix_keys=shard_prefix_keys[0],
+        needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
+        client=client,
+        shard_args=tuple(shard_args),
+        shard_prefix_keys=shard_prefix_keys,
+    )
 
 
 @dataclass
@@ -82,16 +119,8 @@ def build_runtime(
         clients[name] = old if old is not None and same else UpstreamClient(upstream, transport)
     plans: dict[str, RoutePlan] = {}
     for route in config.routes:
-        plans[route.name] = RoutePlan(
-            route=route,
-            rules=route.limits,
-            args=tuple(rule_spec(rule) for rule in route.limits),
-            prefix_keys=tuple(
-                state_key(redis.key_prefix, route.name, rule.name, "") for rule in route.limits
-            ),
-            needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
-            client=clients[route.upstream.name] if route.upstream else None,
-        )
+        client = clients[route.upstream.name] if route.upstream else None
+        plans[route.name] = route_plan(route, redis.key_prefix, client)
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by)
     return Runtime(
         config=config,

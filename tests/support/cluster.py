@@ -15,10 +15,11 @@ from tests.support.waiting import wait_until
 
 
 class RedisCluster:
-    def __init__(self, size: int = 3, replicas: int = 0) -> None:
+    def __init__(self, size: int = 3, replicas: int = 0, binary: str | None = None) -> None:
         self.replicas = replicas
+        self.binary = binary or redis_server_binary()
         self.nodes = [
-            RedisProcess(extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            RedisProcess(binary=binary, extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                                      "--cluster-node-timeout", "2000"), port=free_cluster_port())
             for _ in range(size * (1 + replicas))
         ]
@@ -30,7 +31,7 @@ class RedisCluster:
     def start(self) -> None:
         for node in self.nodes:
             node.start()
-        cli = str(Path(redis_server_binary()).with_name("redis-cli"))
+        cli = str(Path(self.binary).with_name("redis-cli"))
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
                         "--cluster-yes"], check=True, capture_output=True, timeout=60)
