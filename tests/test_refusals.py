@@ -305,6 +305,13 @@ routes:
     match: {{path: /echo/stock}}
     upstream: up
     limits: [{{name: left, by: [header:X-User], algorithm: quota, limit: 1}}]
+  - name: sharded
+    match: {{path: /echo/sharded}}
+    upstream: up
+    shards: 4
+    limits:
+      - {{name: user, by: [header:X-User], algorithm: fixed_window, limit: 1, window: 1h}}
+      - {{name: all, by: [], algorithm: fixed_window, limit: 100000, window: 1h}}
 """
 
 
@@ -390,6 +397,18 @@ def test_an_admin_reset_admits_the_next_request_at_once(gateway: GatewayProcess,
         reset = httpx.delete(gateway.admin_url + "/limits/stock/left", params={"key": who["X-User"]})
         assert reset.status_code == 200
         assert client.get("/echo/stock").status_code == 200
+
+
+def test_a_sharded_route_is_held_and_reset_per_shard(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    who = user()
+    with httpx.Client(base_url=gateway.url, headers=who) as client:
+        assert [client.get("/echo/sharded").status_code for _ in range(2)] == [200, 429]
+        before = decisions(own_redis)
+        assert [client.get("/echo/sharded").status_code for _ in range(20)] == [429] * 20
+        assert decisions(own_redis) == before  # held, in the shard the user's identity picked
+        reset = httpx.delete(gateway.admin_url + "/limits/sharded/user", params={"key": who["X-User"]})
+        assert reset.status_code == 200 and reset.json()["reset"] is True
+        assert client.get("/echo/sharded").status_code == 200
 
 
 def asks_redis(redis: RedisProcess, client: httpx.Client, path: str, headers: dict[str, str] | None = None) -> int:
