@@ -75,10 +75,10 @@ class GatewayProcess:
             if entry.name.isdigit():
                 try:
                     stat = (entry / "stat").read_text()
-                except OSError:
+                    cmdline = (entry / "cmdline").read_bytes()
+                except OSError:  # gone meanwhile
                     continue
                 ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                cmdline = (entry / "cmdline").read_bytes()
                 if ppid == self.process.pid and b"spawn_main" in cmdline:
                     pids.append(int(entry.name))
         return pids
