@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -24,7 +23,6 @@ from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
 from gateway.redis import ClusterRunner, make_runner
 from tests.support.cluster import RedisCluster
-from tests.support.redis_proc import RedisProcess
 
 LIMIT = 300
 RULES = [
@@ -43,32 +41,8 @@ def cluster() -> Iterator[RedisCluster]:
     c.stop()
 
 
-def _owner(cluster: RedisCluster, slot: int) -> RedisProcess:
-    for node in cluster.nodes:
-        for start, end, primary, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end and int(primary[1]) == node.port:
-                return node
-    raise AssertionError(f"no owner for slot {slot}")
-
-
-def _reshard(cluster: RedisCluster, slot: int, started: threading.Event, done: threading.Event) -> None:
-    """What `redis-cli --cluster reshard` does for one slot: IMPORTING on the target, MIGRATING on
-    the source, MIGRATE the keys in batches, then SETSLOT NODE on the target, the source, the rest."""
-    ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in cluster.nodes}
-    source = _owner(cluster, slot)
-    target = next(n for n in cluster.nodes if n.port != source.port)
-    src, dst = source.client(), target.client()
-    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
-    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
-    started.set()
-    while True:
-        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, BATCH)
-        if not keys:
-            break
-        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
-        time.sleep(0.003)  # decisions run in between: ASK, TRYAGAIN
-    for node in [target, source] + [n for n in cluster.nodes if n.port not in (source.port, target.port)]:
-        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+def _migrate(cluster: RedisCluster, slot: int, started: threading.Event, done: threading.Event) -> None:
+    cluster.migrate_slot(slot, started, BATCH)
     done.set()
 
 
@@ -76,7 +50,7 @@ def test_a_slot_migrating_under_load_costs_no_error_and_no_over_admission(cluste
     route = f"reshard-{uuid.uuid4().hex[:6]}"
     stock_key = state_key("rlgw", route, "stock", "~")
     slot = key_slot(stock_key.encode())
-    before = _owner(cluster, slot)
+    before = cluster.owner_of_slot(slot)
     filler = before.client().pipeline(transaction=False)
     for i in range(FILLER):
         filler.set(state_key("rlgw", route, "filler", str(i)), b"x")
@@ -110,7 +84,7 @@ def test_a_slot_migrating_under_load_costs_no_error_and_no_over_admission(cluste
 
         workers = [asyncio.create_task(worker()) for _ in range(40)]
         await asyncio.sleep(0.05)  # decisions flowing (and the script loaded) before the move
-        mover = threading.Thread(target=_reshard, args=(cluster, slot, started, done))
+        mover = threading.Thread(target=_migrate, args=(cluster, slot, started, done))
         mover.start()
         await asyncio.gather(*workers)
         mover.join()
@@ -118,7 +92,7 @@ def test_a_slot_migrating_under_load_costs_no_error_and_no_over_admission(cluste
         return counts["admitted"], counts["refused"], counts["errors"], dict(runner.redirects)
 
     admitted, refused, errors, redirects = asyncio.run(run())
-    after = _owner(cluster, slot)
+    after = cluster.owner_of_slot(slot)
     print(f"admitted {admitted}, refused {refused}, errors {errors}, sent again: {redirects}")
     assert after.port != before.port
     assert errors == 0

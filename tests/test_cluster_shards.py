@@ -276,28 +276,8 @@ def test_a_primary_failover_mid_run_costs_no_500_and_no_over_admission(upstream:
         c.stop()
 
 
-def _owner(cluster: RedisCluster, slot: int) -> RedisProcess:
-    for node in cluster.nodes:
-        for start, end, primary, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end and int(primary[1]) == node.port:
-                return node
-    raise AssertionError(f"no owner for slot {slot}")
-
-
-def _reshard(cluster: RedisCluster, slot: int, done: threading.Event) -> None:
-    """`redis-cli --cluster reshard` for one slot, in batches of 10 keys (as in
-    tests/test_cluster_resharding.py)."""
-    ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in cluster.nodes}
-    source = _owner(cluster, slot)
-    target = next(n for n in cluster.nodes if n.port != source.port)
-    src, dst = source.client(), target.client()
-    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
-    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
-    while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10):
-        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
-        time.sleep(0.003)
-    for node in [target, source] + [n for n in cluster.nodes if n.port not in (source.port, target.port)]:
-        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+def _migrate(cluster: RedisCluster, slot: int, done: threading.Event) -> None:
+    cluster.migrate_slot(slot)
     done.set()
 
 
@@ -307,7 +287,7 @@ def test_a_shard_slot_migrating_mid_run_costs_no_error_and_no_over_admission(clu
     plan = _plan(3, limit, prefix, route=f"moving{uuid.uuid4().hex[:4]}")
     stock_key = plan.shard_prefix_keys[0][1] + "9"
     slot = key_slot(stock_key.encode())
-    before = _owner(cluster, slot)
+    before = cluster.owner_of_slot(slot)
     filler = before.client().pipeline(transaction=False)
     for i in range(1500):  # other keys of shard 0's slot, so that migrating it takes a while
         filler.set(plan.shard_prefix_keys[0][0] + f"filler{i}", b"x")
@@ -339,7 +319,7 @@ def test_a_shard_slot_migrating_mid_run_costs_no_error_and_no_over_admission(clu
 
         workers = [asyncio.create_task(worker()) for _ in range(40)]
         await asyncio.sleep(0.05)
-        mover = threading.Thread(target=_reshard, args=(cluster, slot, done))
+        mover = threading.Thread(target=_migrate, args=(cluster, slot, done))
         mover.start()
         await asyncio.gather(*workers)
         mover.join()
@@ -348,8 +328,8 @@ def test_a_shard_slot_migrating_mid_run_costs_no_error_and_no_over_admission(clu
 
     admitted, refused, errors, redirects = asyncio.run(run())
     print(f"admitted {admitted}, refused {refused}, errors {errors}, sent again: {redirects}")
-    assert _owner(cluster, slot).port != before.port
+    assert cluster.owner_of_slot(slot).port != before.port
     assert errors == 0
     assert admitted == limit  # every shard's share spent, none exceeded, none lost to the move
-    assert _owner(cluster, slot).client().get(stock_key) == b"100"
+    assert cluster.owner_of_slot(slot).client().get(stock_key) == b"100"
     assert redirects.get("ask", 0) + redirects.get("moved", 0) > 0

@@ -4,6 +4,8 @@ optionally with a replica per primary (six processes), for failovers."""
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import redis
@@ -56,15 +58,32 @@ class RedisCluster:
         raise AssertionError(f"no replica of {primary_id}")
 
     def owner_of(self, key: str) -> RedisProcess:
-        client = self.live()[0].client()
-        slot = client.execute_command("CLUSTER", "KEYSLOT", key)
+        return self.owner_of_slot(int(self.live()[0].client().execute_command("CLUSTER", "KEYSLOT", key)))
+
+    def owner_of_slot(self, slot: int) -> RedisProcess:
         for node in self.live():
-            slots = node.client().execute_command("CLUSTER", "SLOTS")
-            port = node.port
-            for start, end, primary, *_ in slots:
-                if start <= slot <= end and int(primary[1]) == port:
+            for start, end, primary, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end and int(primary[1]) == node.port:
                     return node
-        raise AssertionError(f"no owner for {key}")
+        raise AssertionError(f"no owner for slot {slot}")
+
+    def migrate_slot(self, slot: int, started: threading.Event | None = None, batch: int = 10) -> None:
+        """What `redis-cli --cluster reshard` does for one slot: IMPORTING on the target, MIGRATING
+        on the source, MIGRATE the keys `batch` at a time (decisions run in between: ASK,
+        TRYAGAIN), then SETSLOT NODE on the target, the source and the rest."""
+        ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in self.nodes}
+        source = self.owner_of_slot(slot)
+        target = next(n for n in self.nodes if n.port != source.port)
+        src, dst = source.client(), target.client()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+        if started is not None:
+            started.set()
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            time.sleep(0.003)
+        for node in [target, source] + [n for n in self.nodes if n.port not in (source.port, target.port)]:
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
 
     def client_for(self, key: str) -> redis.Redis:
         return self.owner_of(key).client()
