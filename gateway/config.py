@@ -821,6 +821,8 @@ def _rule(
         cost_text = r.string(m["cost"], f"{key}.cost") or ""
         if cost_text.startswith("header:"):
             header = cost_text[len("header:"):].strip().lower()
+            if header in UNREADABLE_HEADERS:
+                r.problem(m["cost"], f"{key}.cost", UNREADABLE_HEADERS[header])
             if not re.match(r"^[a-z0-9-]{1,64}$", header):
                 r.problem(m["cost"], f"{key}.cost", f"{cost_text!r} names no valid header")
             values["cost_header"] = header
@@ -882,4 +884,21 @@ def _source(
         return None
     if kind == "header":
         name = name.lower()
+        if name in UNREADABLE_HEADERS:
+            r.problem(node, key, UNREADABLE_HEADERS[name])
+            return None
     return Source(kind, name)
+
+
+# Fields no identity can read: hop-by-hop or framing (the gateway removes or rewrites them before
+# identities are read, so the limit and the upstream never see them as sent).
+_HOP = "is hop-by-hop: removed before identities are read, never forwarded"
+UNREADABLE_HEADERS = {
+    **{name: f"header {name} {_HOP}" for name in (
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+        "trailers", "transfer-encoding", "upgrade", "proxy-connection")},
+    "content-length": "header content-length is framing the gateway writes itself; it is not an identity",
+    "expect": "header expect is handled by the gateway and never forwarded",
+    "x-forwarded-proto": "header x-forwarded-proto is written by the gateway; the client's is dropped",
+    "x-forwarded-host": "header x-forwarded-host is written by the gateway; use header:host (the client's Host)",
+}

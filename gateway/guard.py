@@ -9,12 +9,13 @@ admitted one. It never sends anything itself.
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import NamedTuple
 
 from starlette.types import Receive
 
-from gateway import metrics
+from gateway import metrics, proxy
 from gateway.config import Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.identity import RequestView, rule_identity
@@ -44,7 +45,12 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     request = view.request
     more_body = request.has_body
     if plan.needs_body and more_body:
-        view.body_prefix, more_body = await _read_prefix(receive, runtime.config.body_digest_max_bytes)
+        try:
+            view.body_prefix, more_body = await _read_prefix(receive, runtime.config.body_digest_max_bytes)
+        except TimeoutError:
+            answer = problem(408, "the request body stopped arriving", route=route.name)
+            answer[1].append((b"connection", b"close"))
+            return Verdict("bad_request", "", answer, [], 0, None, False)
         if view.body_prefix is None:
             return Verdict("client_gone", "", None, [], 0, None, False)
     elif plan.needs_body:
@@ -111,12 +117,13 @@ def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
 
 
 async def _read_prefix(receive: Receive, limit: int) -> tuple[bytes | None, bool]:
-    """Read up to `limit` bytes of the body (whole messages); None if the client went away."""
+    """Read up to `limit` bytes of the body (whole messages); None if the client went away.
+    Raises TimeoutError when the body pauses longer than the body timeout."""
     chunks: list[bytes] = []
     size = 0
     more = True
     while more and size < limit:
-        message = await receive()
+        message = await asyncio.wait_for(receive(), proxy.BODY_CHUNK_TIMEOUT)
         if message["type"] == "http.disconnect":
             return None, False
         chunk = message.get("body", b"")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -21,6 +21,7 @@ from gateway.http.request import Request
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_XFF_HOPS = 32
+MAX_PAIRS = 256  # query parameters or cookies read for identities
 
 
 def client_ip(peer: str, xff: bytes | None, trusted: Sequence[Network]) -> str:
@@ -100,6 +101,34 @@ class JwtVerifier:
         return claims
 
 
+class _Pairs:
+    """Query parameters or cookies, read for identities. A name sent twice, or one that may be
+    hidden past the first MAX_PAIRS, cannot be read as one value (the upstream might read another):
+    asking for it is a 400, as for a repeated header."""
+
+    def __init__(self, kind: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+        self.kind = kind
+        self.found: dict[bytes, bytes] = {}
+        self.repeated: set[bytes] = set()
+        self.overflow = False
+        for count, (name, value) in enumerate(pairs):
+            if count == MAX_PAIRS:
+                self.overflow = True
+                break
+            if name in self.found:
+                self.repeated.add(name)
+            else:
+                self.found[name] = value
+
+    def get(self, name: bytes) -> bytes | None:
+        if name in self.repeated:
+            raise BadRequest(f"{self.kind} {name.decode('latin-1')} is sent more than once")
+        value = self.found.get(name)
+        if value is None and self.overflow:
+            raise BadRequest(f"more than {MAX_PAIRS} {self.kind}s: {name.decode('latin-1')} cannot be read")
+        return value
+
+
 class RequestView:
     """What identity sources read from one request (`gateway.http.request.Request`, already
     stripped of hop-by-hop fields), computed once and only on demand."""
@@ -115,8 +144,8 @@ class RequestView:
         self.config = config
         self.jwt = jwt
         self.body_prefix: bytes | None = None
-        self._query: dict[bytes, bytes] | None = None
-        self._cookies: dict[bytes, bytes] | None = None
+        self._query: _Pairs | None = None
+        self._cookies: _Pairs | None = None
         self._ip: str | None = None
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
@@ -135,21 +164,16 @@ class RequestView:
     def query(self, name: bytes) -> bytes | None:
         if self._query is None:
             pairs = parse_qsl(self.request.query.decode("latin-1"), keep_blank_values=True)
-            found: dict[bytes, bytes] = {}
-            for k, v in pairs[:256]:
-                found.setdefault(k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape"))
-            self._query = found
+            self._query = _Pairs("query parameter", (
+                (k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape")) for k, v in pairs
+            ))
         return self._query.get(name)
 
     def cookie(self, name: bytes) -> bytes | None:
         if self._cookies is None:
-            found: dict[bytes, bytes] = {}
             raw = self.header(b"cookie") or b""
-            for piece in raw.split(b";")[:256]:
-                k, sep, v = piece.strip().partition(b"=")
-                if sep:
-                    found.setdefault(k, v.strip().strip(b'"'))
-            self._cookies = found
+            pieces = (piece.strip().partition(b"=") for piece in raw.split(b";"))
+            self._cookies = _Pairs("cookie", ((k, v.strip().strip(b'"')) for k, sep, v in pieces if sep))
         return self._cookies.get(name)
 
     def claim(self, name: str) -> bytes | None:

@@ -26,7 +26,7 @@ from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import BadRequest
 from gateway.guard import judge
-from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, read_request
+from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request, read_request
 from gateway.identity import RequestView
 from gateway.responses import problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
@@ -72,11 +72,11 @@ class RateLimitMiddleware:
             return
         if verdict.delay_ms > 0:
             await asyncio.sleep(verdict.delay_ms / 1000)
-        if verdict.body_prefix:
+        if verdict.body_prefix is not None and request.has_body:
             receive = _replay(verdict.body_prefix, verdict.more_body, receive)
         if verdict.headers:
             send = _with_headers(send, verdict.headers)
-        await self.app(scope, receive, send)
+        await self.app(_as_decided(scope, request), receive, send)
 
     async def _start(self) -> Runtime:
         async with self._starting:
@@ -106,6 +106,17 @@ class RateLimitMiddleware:
             await send(message)
 
         return lifespan_send
+
+
+def _as_decided(scope: Scope, request: Request) -> Scope:
+    """The request as the limiter saw it, for the app: the normalized path that was matched, and
+    without the fields `Connection` named (which no identity could read)."""
+    if request.path == scope["path"] and not request.dropped:
+        return scope
+    headers = scope["headers"]
+    if request.dropped:
+        headers = [(name, value) for name, value in headers if name not in request.dropped]
+    return {**scope, "path": request.path, "raw_path": request.raw_path, "headers": headers}
 
 
 def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:

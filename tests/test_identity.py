@@ -108,7 +108,7 @@ def test_jwt_rs256_with_a_public_key_and_no_algorithm_confusion() -> None:
 def test_sources_read_from_the_request() -> None:
     config = _config()
     view = _view(config, [(b"x-user", b"alice"), (b"cookie", b"a=1; sid=\"s-9\"; b"), (b"content-length", b"5")],
-                 query=b"k=v%20w&k=second&empty=", params={"item": "42"})
+                 query=b"k=v%20w&other=second&empty=", params={"item": "42"})
     view.body_prefix = b"hello"
     assert view.read(Source("header", "x-user")) == b"alice"
     assert view.read(Source("query", "k")) == b"v w"
@@ -118,6 +118,23 @@ def test_sources_read_from_the_request() -> None:
     assert view.read(Source("path", "item")) == b"42"
     assert view.read(Source("method")) == b"POST"
     assert view.read(Source("ip")) == b"10.0.0.2"
+
+
+def test_a_value_an_upstream_could_read_differently_is_a_400() -> None:
+    config = _config()
+    ambiguous = [
+        ((), b"user=alice&user=bob", Source("query", "user")),           # PHP reads the last one
+        ((), b"&".join([b"junk=1"] * 256) + b"&user=bob", Source("query", "user")),  # hidden past the cap
+        (((b"cookie", b"sid=a; sid=b"),), b"", Source("cookie", "sid")),
+        (((b"x-user", b"alice"), (b"x_user", b"bob")), b"", Source("header", "x-user")),  # HTTP_X_USER
+        (((b"x_user", b"bob"),), b"", Source("header", "x-user")),
+    ]
+    for headers, query, source in ambiguous:
+        with pytest.raises(BadRequest):
+            _view(config, list(headers), query=query).read(source)
+    plain = _view(config, [(b"x-user", b"alice")], query=b"user=alice&other=1&other=2")
+    assert plain.read(Source("query", "user")) == b"alice"  # another name repeated is no one's business
+    assert plain.read(Source("header", "host")) == b"gw"    # Host, parsed once, is readable
 
 
 def test_body_digest_is_bounded_and_tells_lengths_apart() -> None:

@@ -5,6 +5,7 @@ refusals, headers and failure policy, with admitted requests reaching the app wh
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port
 
@@ -29,6 +31,10 @@ routes:
     limits:
       - {{name: user, by: ["header:X-User"], algorithm: fixed_window, limit: 3, window: 1h}}
       - {{name: dedupe, by: ["header:X-User", body], algorithm: sliding_log, limit: 1, window: 1h, status: 409}}
+  - name: seen
+    match: {{path: "/seen/{{rest:path}}"}}
+    limits:
+      - {{name: user, by: ["header:X-User-Id"], on_missing: skip, algorithm: fixed_window, limit: 1, window: 1h}}
   - name: closed
     match: {{path: "/closed"}}
     failure_mode: closed
@@ -90,6 +96,28 @@ def test_limits_refusals_and_headers_are_the_proxys(served: Served) -> None:
     assert int(over.headers["retry-after"]) > 0 and over.json()["rule"] == "user"
     missing = client.post("/orders/5", content=b"e")
     assert missing.status_code == 400 and missing.json()["rule"] == "user"
+
+
+def test_the_app_sees_the_request_the_limiter_decided_on(served: Served) -> None:
+    def raw(request: bytes) -> tuple[int, bytes]:
+        with Conn(served.port) as conn:
+            conn.send(request)
+            status, _, body = conn.response()
+            return status, body
+
+    # a field named in Connection is no identity, so the app must not see it either
+    hidden = b"GET /seen/x/../y HTTP/1.1\r\nHost: a\r\nConnection: x-user-id\r\nX-User-Id: alice\r\n\r\n"
+    for _ in range(2):
+        status, body = raw(hidden)
+        assert status == 200
+        assert json.loads(body)["path"] == "/seen/y"  # the normalized path the route matched
+        assert "x-user-id" not in json.loads(body)["headers"]
+    plain = b"GET /seen/z HTTP/1.1\r\nHost: a\r\nX-User-Id: alice\r\n\r\n"
+    assert [raw(plain)[0] for _ in range(2)] == [200, 429]
+    # an empty chunked body read for the body identity still reaches the app, whole
+    empty = b"POST /orders/7 HTTP/1.1\r\nHost: a\r\nX-User: carol\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    status, body = raw(empty)
+    assert status == 200 and json.loads(body)["length"] == 0
 
 
 def test_requests_no_route_matches_pass_to_the_app_unlimited(served: Served) -> None:

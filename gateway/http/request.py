@@ -66,6 +66,8 @@ class Request:
     first: dict[bytes, bytes]            # end-to-end fields by lowercase name: the first value
     repeated: frozenset[bytes]           # end-to-end fields that came more than once
     request_id: bytes | None = None      # X-Request-Id as sent
+    dropped: frozenset[bytes] = frozenset()    # end-to-end fields named in Connection (removed)
+    underscored: frozenset[bytes] = frozenset()  # names sent with `_`, spelled with `-`
 
     @property
     def hostname(self) -> str:
@@ -84,8 +86,15 @@ class Request:
     def header(self, name: bytes) -> bytes | None:
         """The one value of an end-to-end field; a field sent more than once cannot be read as
         one value, so asking for it is a 400 (the limit and the upstream could disagree)."""
-        if name in self.repeated:
+        if name in self.repeated or name in self.underscored:
+            # X-User-Id and X-User_Id are one name to a CGI-style upstream (HTTP_X_USER_ID)
             raise BadRequest(f"header {name.decode('latin-1')} is sent more than once")
+        if name == b"host":
+            return self.host
+        if name == b"x-forwarded-for":
+            return self.forwarded_for
+        if name == b"x-request-id":
+            return self.request_id
         return self.first.get(name)
 
 
@@ -134,6 +143,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
     if size > max_head_bytes:
         raise HeadTooLarge(f"request line and headers exceed {max_head_bytes // 1024} KiB")
 
+    dropped: set[bytes] = set()
     if connection:
         named = {t.strip().lower() for v in connection for t in v.split(b",")} - {b""}
         if b"upgrade" in named:
@@ -198,6 +208,8 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         first=first,
         repeated=frozenset(repeated),
         request_id=request_id,
+        dropped=frozenset(dropped),
+        underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n),
     )
 
 
@@ -207,6 +219,10 @@ def normalize_path(raw: bytes) -> bytes:
     encoded `/`, `\\` or NUL, a literal `\\`, a malformed escape, or `..` above the root is a 400."""
     if not raw.startswith(b"/"):
         raise BadRequest("the request target must be a path starting with /")
+    if b";" in raw:
+        # servlet containers read `;params` and `..;` as path parameters: refused, as Spring's
+        # StrictHttpFirewall does, so no upstream can serve another path than the one matched
+        raise BadRequest("a ';' in the path is ambiguous")
     if b"%" not in raw and b"/." not in raw and b"//" not in raw and b"\\" not in raw:
         return raw  # nothing to normalize: the common case
     if b"\\" in raw:
@@ -216,8 +232,8 @@ def normalize_path(raw: bytes) -> bytes:
             raise BadRequest("the path has a malformed percent-escape")
         raw = _ESCAPE.sub(_decode_unreserved, raw)
         lowered = raw.lower()
-        if b"%2f" in lowered or b"%5c" in lowered or b"%00" in lowered:
-            raise BadRequest("an encoded '/', '\\' or NUL in the path is ambiguous")
+        if b"%2f" in lowered or b"%5c" in lowered or b"%00" in lowered or b"%3b" in lowered:
+            raise BadRequest("an encoded '/', '\\', ';' or NUL in the path is ambiguous")
     segments = raw.split(b"/")[1:]
     out: list[bytes] = []
     for segment in segments:

@@ -210,6 +210,8 @@ class HttpProtocol(asyncio.Protocol):
         self.served = 0
         self.timer: asyncio.TimerHandle | None = None
         self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
+        self.body_delivered = 0       # body bytes the parser has handed over on this connection
+        self.framing_bytes = 0        # bytes read since the last body bytes (chunk framing, trailers)
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -253,6 +255,7 @@ class HttpProtocol(asyncio.Protocol):
         counting = self.in_head
         if counting:
             self.head_bytes += len(data)
+        delivered = self.body_delivered
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -272,6 +275,16 @@ class HttpProtocol(asyncio.Protocol):
         if counting and self.in_head and self.head_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES:
             self._refuse(431, "Request Header Fields Too Large",
                          f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+        elif not counting and not self.in_head:
+            # Inside a body: reads that carry no body bytes are chunk framing or trailers, which
+            # llhttp buffers field by field; bounded like a head, however they trickle in.
+            if self.body_delivered == delivered:
+                self.framing_bytes += len(data)
+                if self.framing_bytes > MAX_HEADER_BYTES:
+                    self._refuse(431, "Request Header Fields Too Large",
+                                 f"chunk framing or trailers exceed {MAX_HEADER_BYTES // 1024} KiB")
+            else:
+                self.framing_bytes = 0
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -287,6 +300,7 @@ class HttpProtocol(asyncio.Protocol):
         self.headers = []
         self.head_complete = False
         self.parsed_head_bytes = 0
+        self.framing_bytes = 0
         self.expect_100 = False
         self.in_head = True
         self.head_started = self.loop.time()
@@ -338,6 +352,7 @@ class HttpProtocol(asyncio.Protocol):
             self.pipeline.append(exchange)
 
     def on_body(self, body: bytes) -> None:
+        self.body_delivered += len(body)
         exchange = self.pipeline[-1] if self.pipeline else self.exchange
         if exchange is None or exchange.response_complete:
             return
@@ -459,10 +474,15 @@ class HttpProtocol(asyncio.Protocol):
         """Answer a request the parser refused and end the connection. Requests received whole
         before it are answered first, in order: the refusal never takes another request's place."""
         log.info("refused a request: %s", detail)
+        if self.deferred_refusal:
+            return  # already refused (a 414/431 from a callback, then the parser's own error)
+        current = self.exchange
+        if current is not None and current.response_started and not current.response_complete:
+            self.transport.close()  # never written into the middle of a response: the connection ends
+            return
         answer = _problem_bytes(status, title, detail)
         if self.pipeline and self.pipeline[-1].more_body:
             self.pipeline.pop()  # the refused request itself, queued but never started: it never will be
-        current = self.exchange
         if self.pipeline or (current is not None and not current.response_complete and not current.more_body):
             self.deferred_refusal = answer
             self._pause_reading()

@@ -84,6 +84,9 @@ class Connection(asyncio.Protocol):
         self.last_activity = 0.0
         self.head_bytes = 0              # bytes received while the response head is incomplete
         self.field_bytes = 0             # name + value + 4 per field of the response head
+        self.body_delivered = 0          # body bytes the parser has handed over
+        self.framing_bytes = 0           # bytes read since the last body bytes (framing, trailers)
+        self.sending_body = False        # the request body is still being sent upstream
         self.trailing = False            # bytes came after the response: never reused
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
@@ -99,6 +102,7 @@ class Connection(asyncio.Protocol):
         self.last_activity = self.loop.time()
         if self.status == 0:
             self.head_bytes += len(data)  # a head trickling in: bounded whatever the packets
+        delivered = self.body_delivered
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -112,6 +116,12 @@ class Connection(asyncio.Protocol):
         if self.status == 0 and self.head_bytes > MAX_HEAD_BYTES:
             self.fail(httpx.RemoteProtocolError(
                 f"upstream '{self.pool.name}' sent a response head over {MAX_HEAD_BYTES // 1024} KiB"))
+        elif self.status and not self.complete:
+            # reads with no body bytes are chunk framing or trailers: bounded like a head
+            self.framing_bytes = self.framing_bytes + len(data) if self.body_delivered == delivered else 0
+            if self.framing_bytes > MAX_HEAD_BYTES:
+                self.fail(httpx.RemoteProtocolError(
+                    f"upstream '{self.pool.name}' sent chunk framing or trailers over {MAX_HEAD_BYTES // 1024} KiB"))
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -183,6 +193,7 @@ class Connection(asyncio.Protocol):
             self._completed()
 
     def on_body(self, body: bytes) -> None:
+        self.body_delivered += len(body)
         if self.complete:
             return
         self.chunks.append(body)
@@ -277,6 +288,8 @@ class Connection(asyncio.Protocol):
         if self.head is None or self.complete or self.closed:
             return  # idle, or done: the next request arms it again
         quiet = self.loop.time() - self.last_activity
+        if self.sending_body and not self.complete:
+            quiet = 0.0  # the client's body is still coming: its own timeout applies, not the upstream's
         if quiet < self.timeout:
             self.timer = self.loop.call_later(self.timeout - quiet, self._check_timeout)
             return
@@ -436,6 +449,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.begin(head, head_only, timeout)
             sender = None
             if has_body:
+                conn.sending_body = True
                 sender = asyncio.ensure_future(_send_body(conn, request.stream, chunked, length))
             try:
                 await conn.head  # type: ignore[misc]
@@ -502,6 +516,14 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 
 async def _send_body(conn: Connection, stream: Any, chunked: bool, length: int) -> None:
+    try:
+        await _stream_body(conn, stream, chunked, length)
+    finally:
+        conn.sending_body = False
+        conn.last_activity = conn.loop.time()  # the upstream's time to answer starts now
+
+
+async def _stream_body(conn: Connection, stream: Any, chunked: bool, length: int) -> None:
     sent = 0
     try:
         async for chunk in stream:

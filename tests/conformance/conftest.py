@@ -32,6 +32,11 @@ routes:
     upstream: up
     limits:
       - {{name: user, by: ["header:X-User-Id"], algorithm: sliding_window, limit: 100000, window: 1m}}
+  - name: digest
+    match: {{path: "/digest/{{rest:path}}"}}
+    upstream: up
+    limits:
+      - {{name: once, by: [body], algorithm: sliding_log, limit: 1000, window: 1s}}
   - name: open
     match: {{path: "/open/{{rest:path}}"}}
     upstream: up
@@ -64,7 +69,8 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     server, transport = request.param
     text = CONFIG.format(prefix=f"c{uuid.uuid4().hex[:8]}", upstream=logging_upstream.address)
     proc = GatewayProcess(text, tmp_path_factory.mktemp("conformance"), redis_url=redis_proc.url,
-                          env={"GATEWAY_HTTP": server, "GATEWAY_UPSTREAM_TRANSPORT": transport})
+                          env={"GATEWAY_HTTP": server, "GATEWAY_UPSTREAM_TRANSPORT": transport,
+                               "GATEWAY_BODY_TIMEOUT": "1"})
     proc.start()
     yield Deployed(proc, server, transport)
     assert proc.stop() == 0

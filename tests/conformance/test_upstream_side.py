@@ -121,3 +121,17 @@ def check_script(script: Script, gateway: Deployed, logging_upstream: LoggingUps
     assert len(scripted) == 1 and after, [r.target for r in received]
     if script.leftover or status >= 500:
         assert all(r.connection != scripted[0].connection for r in after), "a spoiled connection was reused"
+
+
+def test_an_endless_response_trailer_ends_the_response_not_the_worker(
+        gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
+    name = f"trailer-bomb-{uuid.uuid4().hex[:8]}"
+    logging_upstream.scripts[name.encode()] = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-t: " + b"a" * 800_000)
+    with Conn(gateway.port) as conn:
+        conn.send(b"GET /open/script/%s HTTP/1.1\r\nHost: gw\r\n\r\n" % name.encode())
+        with pytest.raises(ConnectionError):  # begun, then broken off: never made to look complete
+            conn.response()
+    with Conn(gateway.port) as conn:
+        conn.send(b"GET /open/after-%s HTTP/1.1\r\nHost: gw\r\n\r\n" % name.encode())
+        assert conn.response()[::2] == (200, b"ok")

@@ -78,9 +78,9 @@ class LoggingUpstream:
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
+                    body = await _read_body(reader, head)
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                    return
-                body = await _read_body(reader, head)
+                    return  # the gateway gave up on this request (a refused client): nothing was received
                 with self._lock:
                     self.received.append(Received(number, head, body))
                 target = head.split(b" ", 2)[1]

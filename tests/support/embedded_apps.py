@@ -27,12 +27,17 @@ async def order(request: Request) -> JSONResponse:
                          "sha256": hashlib.sha256(body).hexdigest()})
 
 
+async def seen(request: Request) -> JSONResponse:
+    return JSONResponse({"path": request.url.path, "headers": [k for k, _ in request.headers.items()]})
+
+
 async def plain(request: Request) -> PlainTextResponse:
     return PlainTextResponse(request.url.path)
 
 
 starlette_app = Starlette(routes=[
     Route("/orders/{item}", order, methods=["POST"]),
+    Route("/seen/{rest:path}", seen),
     Route("/{name}", plain),
 ])
 starlette_app.add_middleware(RateLimitMiddleware, config=CONFIG, redis_url=REDIS_URL)
@@ -44,6 +49,11 @@ fastapi_app = FastAPI()
 async def fastapi_order(item: str, request: FastAPIRequest) -> dict[str, object]:
     body = await request.body()
     return {"item": item, "length": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+
+
+@fastapi_app.get("/seen/{rest:path}")
+async def fastapi_seen(rest: str, request: FastAPIRequest) -> dict[str, object]:
+    return {"path": request.url.path, "headers": [k for k, _ in request.headers.items()]}
 
 
 @fastapi_app.get("/{name}")
