@@ -135,14 +135,25 @@ class SentinelRunner(PipelineRunner):
 
     async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
         self._maybe_check()
+        sent_to = self.client.connection_pool.master_address  # type: ignore[attr-defined]
         try:
             return await super()._pipeline(commands)
         except rx.ConnectionError as exc:
             # SentinelManagedConnection turns READONLY into ConnectionError, raised while handling
             # the ReadOnlyError: its context tells the two apart, by type
-            if not isinstance(exc.__context__, rx.ReadOnlyError):
+            if isinstance(exc.__context__, rx.ReadOnlyError):
+                log.warning("the Redis primary was demoted (READONLY): asking the sentinels again")
+                return await super()._pipeline(commands)
+            # A demoted primary closes its clients' connections. If the sentinels now name another
+            # primary, the batch goes once more, there: writes the old one took after the switch
+            # are discarded when it resyncs, and one it replicated before can only be counted
+            # twice (a refusal too early, never an admission too many). Otherwise the failure
+            # stands: the batch may have run.
+            primary = await self._check()
+            if sent_to is None or primary is None or primary == sent_to:
                 raise
-            log.warning("the Redis primary was demoted (READONLY): asking the sentinels again")
+            log.warning("the connection to the old primary %s:%s closed in a failover: the batch goes "
+                        "to the new one", *sent_to)
             return await super()._pipeline(commands)
 
     def _maybe_check(self) -> None:
