@@ -31,7 +31,7 @@ from gateway import metrics
 from gateway.admin import admin_app
 from gateway.config import Config, load_config
 from gateway.errors import BadRequest, ConfigError, UpstreamTimeout, UpstreamUnavailable
-from gateway.guard import Verdict, judge
+from gateway.guard import Verdict, held_refusal, judge
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView
 from gateway.limiter import Limiter
@@ -171,21 +171,33 @@ class Gateway:
             request_id, route_name, outcome, rule_name, status = await self._proxy(runtime, scope, receive, send)
         finally:
             runtime.leave()
-            if route_name:
-                metrics.requests(route_name, outcome).inc()
-                metrics.responses(route_name, str(status)).inc()
-            if runtime.config.access_log:
-                access_log.info(json.dumps({
-                    "request_id": request_id.decode("latin-1"),
-                    "method": scope.get("method"),
-                    "path": scope.get("path", "")[:512],
-                    "client": (scope.get("client") or ("",))[0],
-                    "route": route_name or None,
-                    "decision": outcome,
-                    "rule": rule_name or None,
-                    "status": status,
-                    "latency_ms": round((time.perf_counter() - started) * 1000, 3),
-                }))
+            _account(runtime, scope, request_id, route_name, outcome, rule_name, status, started)
+
+    def held_refusal(self, scope: Scope) -> tuple[int, Headers, bytes] | None:
+        """For the server protocol, before the application is entered: the refusal held in memory
+        for this request (gateway/refusals.py), as the answer to send; None: the app serves it."""
+        runtime = self.runtime
+        server = scope.get("server")
+        if runtime is None or server is None or server[1] == self.settings.admin_port:
+            return None
+        started = time.perf_counter()
+        try:
+            request = read_request(scope, self.settings.max_head_bytes)
+        except BadRequest:
+            return None
+        found = runtime.router.match(request.method, request.hostname, request.path)
+        if found is None:
+            return None
+        route, params = found
+        held = held_refusal(runtime, runtime.plans[route.name], RequestView(request, params, runtime.config,
+                                                                            runtime.jwt))
+        if held is None:
+            return None
+        rule, answer = held
+        request_id = _request_id(request.request_id)
+        answer[1].append((b"x-request-id", request_id))
+        _account(runtime, scope, request_id, route.name, "refused_locally", rule, answer[0], started)
+        return answer
 
     async def _proxy(
         self, runtime: Runtime, scope: Scope, receive: Receive, send: Send
@@ -273,6 +285,26 @@ def _request_id(sent: bytes | None) -> bytes:
     if sent is not None and 0 < len(sent) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in sent):
         return sent
     return _new_request_id()
+
+
+def _account(runtime: Runtime, scope: Scope, request_id: bytes, route_name: str, outcome: str, rule_name: str,
+             status: int, started: float) -> None:
+    """Metrics and the access log line of one request."""
+    if route_name:
+        metrics.requests(route_name, outcome).inc()
+        metrics.responses(route_name, str(status)).inc()
+    if runtime.config.access_log:
+        access_log.info(json.dumps({
+            "request_id": request_id.decode("latin-1"),
+            "method": scope.get("method"),
+            "path": scope.get("path", "")[:512],
+            "client": (scope.get("client") or ("",))[0],
+            "route": route_name or None,
+            "decision": outcome,
+            "rule": rule_name or None,
+            "status": status,
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+        }))
 
 
 # --- the application --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from gateway.config import Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
-from gateway.limiter import Decision, Outcome
+from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime
 
@@ -56,23 +56,8 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
     elif plan.needs_body:
         view.body_prefix = b""
 
-    rules: list[Rule] = []      # the rules this request has identities for
-    keys: list[str] = []        # one per rule of the route ...
-    costs: list[int | None] = []  # ... None where the rule sits out (on_missing: skip)
-    args, prefix_keys = plan.args, plan.prefix_keys
     try:
-        for i, rule in enumerate(plan.rules):
-            parts = rule_identity(rule, view)
-            if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
-                shard = plan.shard_of(parts)
-                args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
-            if parts is None:
-                keys.append(prefix_keys[i])
-                costs.append(None)
-                continue
-            rules.append(rule)
-            keys.append(rule_key(prefix_keys[i], parts))
-            costs.append(_cost(rule, view))
+        rules, keys, costs, args = identify(plan, view)
     except IdentityMissing as exc:
         answer = problem(400, str(exc), route=route.name, rule=exc.rule)
         return Verdict("bad_request", exc.rule, answer, [], 0, view.body_prefix, more_body)
@@ -104,6 +89,53 @@ async def judge(runtime: Runtime, plan: RoutePlan, view: RequestView, receive: R
         return Verdict("refused", rules[decision.refused_by].name, answer, [], 0, view.body_prefix, more_body)
     headers = ratelimit_headers(route.headers, rules, decision)
     return Verdict("admitted", "", None, headers, decision.delay_ms, view.body_prefix, more_body)
+
+
+class Identified(NamedTuple):
+    rules: list[Rule]             # the rules this request has identities for
+    keys: list[str]               # one per rule of the route ...
+    costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
+    args: tuple[RuleSpec, ...]    # the specs of the request's shard
+
+
+def identify(plan: RoutePlan, view: RequestView) -> Identified:
+    """The request's rules, keys and costs. Raises IdentityMissing or BadRequest."""
+    rules: list[Rule] = []
+    keys: list[str] = []
+    costs: list[int | None] = []
+    args, prefix_keys = plan.args, plan.prefix_keys
+    for i, rule in enumerate(plan.rules):
+        parts = rule_identity(rule, view)
+        if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
+            shard = plan.shard_of(parts)
+            args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
+        if parts is None:
+            keys.append(prefix_keys[i])
+            costs.append(None)
+            continue
+        rules.append(rule)
+        keys.append(rule_key(prefix_keys[i], parts))
+        costs.append(_cost(rule, view))
+    return Identified(rules, keys, costs, args)
+
+
+def held_refusal(runtime: Runtime, plan: RoutePlan, view: RequestView) -> tuple[str, Answer] | None:
+    """The refusal held in memory for this request (gateway/refusals.py), rendered, with the rule
+    that refused; None when the full path must decide. Synchronous: the server protocol calls it
+    before the application is entered, so a flood's refusals cost no task, no Starlette layer and
+    no ASGI message."""
+    if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
+        return None
+    try:
+        rules, keys, costs, _ = identify(plan, view)
+    except (IdentityMissing, BadRequest):
+        return None
+    decision = runtime.refusals.answer(keys, costs) if rules else None
+    if decision is None or decision.refused_by is None:
+        return None
+    name = rules[decision.refused_by].name
+    metrics.rule_decisions(plan.route.name, name, "refused_locally").inc()
+    return name, refusal(plan.route, rules, decision)
 
 
 def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:

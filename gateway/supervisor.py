@@ -216,6 +216,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket], config: Config
     proxy.BODY_CHUNK_TIMEOUT = settings.body_timeout
     app = build_app(settings, config)
     gateway = app.state.gateway
+    server.EARLY_ANSWER = gateway.held_refusal  # held refusals, answered before the app is entered
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

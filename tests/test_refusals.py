@@ -33,6 +33,7 @@ from gateway.refusals import LocalRefusals
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
 from tests.support.limiter_models import Route
+from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess, binaries
 from tests.support.upstream import Upstream
 from tests.test_algorithms import ALGORITHMS, period_us, rules
@@ -380,6 +381,35 @@ def test_a_flood_of_held_refusals_never_reaches_redis(gateway: GatewayProcess, o
     sample = 'gateway_requests_total{outcome="refused_locally",route="flood"}'
     assert metric(gateway, sample) >= 200
     assert metric(gateway, 'gateway_rule_decisions_total{outcome="refused_locally",route="flood",rule="user"}') >= 200
+
+
+def test_held_refusals_answered_before_the_app_keep_order_and_framing(
+        gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    """Held refusals are answered by the server protocol itself (before the application): on a
+    kept-alive connection, pipelined behind and before other requests, with a body to drop, for
+    HEAD: each answer in order, framed, and the connection still in step afterwards."""
+    who = user()["X-User"]
+    with httpx.Client(base_url=gateway.url, headers={"X-User": who}) as client:
+        assert [client.get("/echo/flood").status_code for _ in range(3)] == [200, 200, 429]  # now held
+
+    def request(method: str, path: str, body: bytes = b"", name: str = who) -> bytes:
+        head = f"{method} {path} HTTP/1.1\r\nHost: gw\r\nX-User: {name}\r\nContent-Length: {len(body)}\r\n\r\n"
+        return head.encode() + body
+
+    other = user()["X-User"]
+    before = decisions(own_redis)
+    with Conn(gateway.port) as conn:
+        conn.send(request("GET", "/echo/flood", name=other)   # admitted, through the app
+                  + request("POST", "/echo/flood", b"x" * 5000)  # held: its body is read and dropped
+                  + request("GET", "/echo/flood", name=other)   # admitted
+                  + request("HEAD", "/echo/flood")              # held, and no body on a HEAD
+                  + request("GET", "/echo/flood"))              # held
+        answers = [conn.response(head_only=(i == 3)) for i in range(5)]
+    assert [status for status, _, _ in answers] == [200, 429, 200, 429, 429]
+    assert json.loads(answers[0][2])["path"] == "/echo/flood"
+    assert json.loads(answers[1][2])["rule"] == "user"
+    assert answers[3][2] == b"" and int(answers[3][1][b"content-length"]) > 0
+    assert decisions(own_redis) == before + 2  # only the two admitted requests asked Redis
 
 
 def test_an_admin_reset_admits_the_next_request_at_once(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
