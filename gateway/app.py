@@ -44,6 +44,7 @@ log = logging.getLogger("gateway")
 access_log = logging.getLogger("gateway.access")
 
 METRICS_FLUSH_INTERVAL = 1.0
+_CHECKED = "gateway.checked"  # scope key: the Request and route match held_refusal computed
 REQUEST_ID_MAX = 128
 
 
@@ -178,14 +179,15 @@ class Gateway:
         for this request (gateway/refusals.py), as the answer to send; None: the app serves it."""
         runtime = self.runtime
         server = scope.get("server")
-        if runtime is None or server is None or server[1] == self.settings.admin_port:
-            return None
+        if runtime is None or not runtime.refusals or server is None or server[1] == self.settings.admin_port:
+            return None  # nothing held (the common case), or not a proxy request
         started = time.perf_counter()
         try:
             request = read_request(scope, self.settings.max_head_bytes)
         except BadRequest:
             return None
         found = runtime.router.match(request.method, request.hostname, request.path)
+        scope[_CHECKED] = (runtime, request, found)  # if nothing is held, the app reads no further
         if found is None:
             return None
         route, params = found
@@ -202,15 +204,19 @@ class Gateway:
     async def _proxy(
         self, runtime: Runtime, scope: Scope, receive: Receive, send: Send
     ) -> tuple[bytes, str, str, str, int]:
-        try:
-            request = read_request(scope, self.settings.max_head_bytes)
-        except BadRequest as exc:
-            answer = problem(exc.status, str(exc))
-            answer[1].append((b"connection", b"close"))  # the framing is in doubt: no next request
-            request_id = _new_request_id()
-            return request_id, "", "bad_request", "", await _answer(send, answer, request_id)
+        checked = scope.pop(_CHECKED, None)
+        if checked is not None and checked[0] is runtime:  # read and matched by held_refusal already
+            _, request, found = checked
+        else:
+            try:
+                request = read_request(scope, self.settings.max_head_bytes)
+            except BadRequest as exc:
+                answer = problem(exc.status, str(exc))
+                answer[1].append((b"connection", b"close"))  # the framing is in doubt: no next request
+                request_id = _new_request_id()
+                return request_id, "", "bad_request", "", await _answer(send, answer, request_id)
+            found = runtime.router.match(request.method, request.hostname, request.path)
         request_id = _request_id(request.request_id)
-        found = runtime.router.match(request.method, request.hostname, request.path)
         if found is None:
             host = request.hostname
             allowed = runtime.router.allowed_methods(host, request.path)
