@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisClock, RedisProcess, binaries
 from tests.support.upstream import Upstream
 
@@ -40,6 +41,15 @@ def clocked_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisClock]]:
     proc.start()
     yield proc, clock
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    """A three-primary Redis Cluster of real processes, one per test module (modules move slots)."""
+    c = RedisCluster()
+    c.start()
+    yield c
+    c.stop()
 
 
 @pytest.fixture(scope="session")

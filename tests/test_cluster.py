@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from redis.crc import key_slot
 
 from gateway.config import RedisSettings, Rule, Source
@@ -24,14 +22,6 @@ from gateway.redis.connections import HiredisPacking
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.upstream import Upstream
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    c = RedisCluster()
-    c.start()
-    yield c
-    c.stop()
 
 
 def test_key_slot_matches_redis(cluster: RedisCluster) -> None:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 
-import pytest
 from redis.crc import key_slot
 
 from gateway.config import RedisSettings, Rule, Source
@@ -31,14 +29,6 @@ RULES = [
 ]
 FILLER = 1500  # other keys of the route's slot, so that migrating it takes a while
 BATCH = 10     # keys per MIGRATE
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    c = RedisCluster()
-    c.start()
-    yield c
-    c.stop()
 
 
 def _migrate(cluster: RedisCluster, slot: int, started: threading.Event, done: threading.Event) -> None:

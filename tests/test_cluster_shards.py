@@ -13,11 +13,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from redis.crc import key_slot
 
 from gateway.config import RedisSettings, parse_config
@@ -32,14 +30,6 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
 GATEWAYS = 8
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
-    c = RedisCluster()
-    c.start()
-    yield c
-    c.stop()
 
 
 def _plan(shards: int, stock: int, prefix: str, route: str = "sale") -> RoutePlan:
