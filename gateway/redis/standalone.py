@@ -125,6 +125,7 @@ class SentinelRunner(PipelineRunner):
     """
 
     check_interval = 1.0
+    switch_window = 5.0  # seconds after a switch in which a closed connection is put down to it
 
     def __init__(self, sentinel: Sentinel, service: str, timeout: float) -> None:
         super().__init__(sentinel.master_for(service, redis_class=Redis), timeout)
@@ -132,10 +133,13 @@ class SentinelRunner(PipelineRunner):
         self.service = service
         self._checked_at = time.monotonic()
         self._checking: asyncio.Task[None] | None = None
+        self._primary: tuple[str, int] | None = None
+        self._switched_at = -self.switch_window
 
     async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
         self._maybe_check()
         sent_to = self.client.connection_pool.master_address  # type: ignore[attr-defined]
+        self._noticed(sent_to)
         try:
             return await super()._pipeline(commands)
         except rx.ConnectionError as exc:
@@ -144,16 +148,19 @@ class SentinelRunner(PipelineRunner):
             if isinstance(exc.__context__, rx.ReadOnlyError):
                 log.warning("the Redis primary was demoted (READONLY): asking the sentinels again")
                 return await super()._pipeline(commands)
-            # A demoted primary closes its clients' connections. If the sentinels now name another
-            # primary, the batch goes once more, there: writes the old one took after the switch
-            # are discarded when it resyncs, and one it replicated before can only be counted
-            # twice (a refusal too early, never an admission too many). Otherwise the failure
-            # stands: the batch may have run.
+            # A demoted primary closes its clients' connections, and right after a switch redis-py
+            # closes the idle ones to the old primary while a batch may be taking one (the pool's
+            # disconnect and get_connection race). If the sentinels now name another primary, or
+            # named a new one moments ago, the batch goes once more, to the primary they name:
+            # writes the old one took after the switch are discarded when it resyncs, and one a
+            # primary ran before its reply was lost can only be counted twice (a refusal too
+            # early, never an admission too many). Otherwise the failure stands.
             primary = await self._check()
-            if sent_to is None or primary is None or primary == sent_to:
+            switching = time.monotonic() - self._switched_at < self.switch_window
+            if sent_to is None or primary is None or (primary == sent_to and not switching):
                 raise
-            log.warning("the connection to the old primary %s:%s closed in a failover: the batch goes "
-                        "to the new one", *sent_to)
+            log.warning("the connection to %s:%s closed in a failover: the batch goes to %s:%s",
+                        *sent_to, *primary)
             return await super()._pipeline(commands)
 
     def _maybe_check(self) -> None:
@@ -165,17 +172,25 @@ class SentinelRunner(PipelineRunner):
     async def _check(self) -> tuple[str, int] | None:
         """Ask the sentinels for the primary now; on a new one, reconnect. None: no answer."""
         pool: Any = self.client.connection_pool  # a SentinelConnectionPool
-        before = pool.master_address
         try:
             async with asyncio.timeout(self.timeout * 4):
                 # asks the sentinels; on a new address it closes the idle connections
                 primary: tuple[str, int] = await pool.get_master_address()
         except REDIS_FAILURES:
             return None  # the next check asks again; calls meanwhile go where they went
-        if before is not None and primary != before:
+        if self._noticed(primary):
             log.warning("sentinel names a new primary %s:%s: reconnecting", *primary)
             await pool.update_active_connections_for_reconnect()
         return primary
+
+    def _noticed(self, primary: tuple[str, int] | None) -> bool:
+        """Is this another primary than the last one seen (by a check, or by redis-py when it
+        connected)? If so, a switch happened now."""
+        known, self._primary = self._primary, primary or self._primary
+        if known is None or primary is None or primary == known:
+            return False
+        self._switched_at = time.monotonic()
+        return True
 
     async def _check_now(self) -> None:
         await self._check()
