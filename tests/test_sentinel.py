@@ -100,6 +100,12 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
 
     async def run() -> list[bool]:
         limiter = Limiter(make_runner(settings))
+        try:
+            return await decisions(limiter)
+        finally:
+            await limiter.close()
+
+    async def decisions(limiter: Limiter) -> list[bool]:
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(4)]
         wait_until(lambda: replica.client().get(key) == b"4")
         sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
@@ -117,7 +123,6 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
                 admitted.append((await limiter.decide([rule_spec(rule)], [key], [1])).admitted)
             except RedisUnavailable:
                 errors += 1
-        await limiter.close()
         assert errors == 0
         return admitted
 
@@ -154,6 +159,12 @@ def test_readonly_from_a_demoted_primary_leads_to_the_new_one(
         assert isinstance(runner, SentinelRunner)
         runner.check_interval = 3600.0  # only READONLY can tell it
         limiter = Limiter(runner)
+        try:
+            return await decisions(limiter)
+        finally:
+            await limiter.close()
+
+    async def decisions(limiter: Limiter) -> list[bool]:
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(4)]
         wait_until(lambda: replica.client().get(key) == b"4")
         sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
@@ -169,7 +180,6 @@ def test_readonly_from_a_demoted_primary_leads_to_the_new_one(
                 admitted.append((await limiter.decide([rule_spec(rule)], [key], [1])).admitted)
             except RedisUnavailable:
                 errors += 1
-        await limiter.close()
         assert errors == 0
         return admitted
 
