@@ -31,12 +31,14 @@ from gateway import metrics
 from gateway.admin import admin_app
 from gateway.config import Config, load_config
 from gateway.errors import BadRequest, ConfigError, UpstreamTimeout, UpstreamUnavailable
-from gateway.guard import Verdict, held_refusal, judge
+from gateway.guard import Verdict, held_decision, held_refusal, judge
 from gateway.http.request import Request, read_request
+from gateway.http.server import head_lines
 from gateway.identity import RequestView
 from gateway.limiter import Limiter
 from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
-from gateway.responses import Headers, problem, send_answer
+from gateway.repeats import Seen, request_key
+from gateway.responses import Headers, problem, refusal, send_answer
 from gateway.runtime import RoutePlan, Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 
@@ -174,32 +176,53 @@ class Gateway:
             runtime.leave()
             _account(runtime, scope, request_id, route_name, outcome, rule_name, status, started)
 
-    def held_refusal(self, scope: Scope) -> tuple[int, Headers, bytes] | None:
+    def held_refusal(self, scope: Scope) -> bytes | None:
         """For the server protocol, before the application is entered: the refusal held in memory
-        for this request (gateway/refusals.py), as the answer to send; None: the app serves it."""
+        for this request (gateway/refusals.py), as the whole keep-alive response to send; None: the
+        app serves it. A request answered so before, byte for byte, is not read again, and the
+        same refusal is not rendered again (gateway/repeats.py)."""
         runtime = self.runtime
         server = scope.get("server")
         if runtime is None or not runtime.refusals or server is None or server[1] == self.settings.admin_port:
             return None  # nothing held (the common case), or not a proxy request
         started = time.perf_counter()
-        try:
-            request = read_request(scope, self.settings.max_head_bytes)
-        except BadRequest:
-            return None
-        found = runtime.router.match(request.method, request.hostname, request.path)
-        scope[_CHECKED] = (runtime, request, found)  # if nothing is held, the app reads no further
-        if found is None:
-            return None
-        route, params = found
-        held = held_refusal(runtime, runtime.plans[route.name], RequestView(request, params, runtime.config,
-                                                                            runtime.jwt))
-        if held is None:
-            return None
-        rule, answer = held
-        request_id = _request_id(request.request_id)
-        answer[1].append((b"x-request-id", request_id))
-        _account(runtime, scope, request_id, route.name, "refused_locally", rule, answer[0], started)
-        return answer
+        key = request_key(scope)
+        seen = runtime.repeats.get(key)
+        if seen is None:
+            try:
+                request = read_request(scope, self.settings.max_head_bytes)
+            except BadRequest:
+                return None
+            found = runtime.router.match(request.method, request.hostname, request.path)
+            scope[_CHECKED] = (runtime, request, found)  # if nothing is held, the app reads no further
+            if found is None:
+                return None
+            route, params = found
+            plan = runtime.plans[route.name]
+            held = held_refusal(runtime, plan, RequestView(request, params, runtime.config, runtime.jwt))
+            if held is None:
+                return None
+            identified, decision = held
+            seen = Seen(route, identified.rules, identified.keys, identified.costs,
+                        _usable_request_id(request.request_id))
+            if plan.repeatable:
+                runtime.repeats.put(key, seen)
+        else:
+            found_decision = held_decision(runtime, seen.route, seen.rules, seen.keys, seen.costs)
+            if found_decision is None:
+                return None  # no longer held: the whole way (the app reads the request itself)
+            decision = found_decision
+        rendered = seen.rendered
+        if rendered is None or rendered[0] != decision:
+            status, headers, body = refusal(seen.route, seen.rules, decision)
+            rendered = seen.rendered = decision, head_lines(status, headers), body
+        _, head, body = rendered
+        request_id = seen.request_id or _new_request_id()
+        by = decision.refused_by
+        assert by is not None  # a held decision is a refusal
+        rule = seen.rules[by]
+        _account(runtime, scope, request_id, seen.route.name, "refused_locally", rule.name, rule.status, started)
+        return b"".join((head, b"x-request-id: ", request_id, b"\r\n\r\n", body))
 
     async def _proxy(
         self, runtime: Runtime, scope: Scope, receive: Receive, send: Send
@@ -288,9 +311,13 @@ def _new_request_id() -> bytes:
 
 
 def _request_id(sent: bytes | None) -> bytes:
+    return _usable_request_id(sent) or _new_request_id()
+
+
+def _usable_request_id(sent: bytes | None) -> bytes | None:
     if sent is not None and 0 < len(sent) <= REQUEST_ID_MAX and all(33 <= c < 127 for c in sent):
         return sent
-    return _new_request_id()
+    return None
 
 
 def _account(runtime: Runtime, scope: Scope, request_id: bytes, route_name: str, outcome: str, rule_name: str,

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from starlette.types import Receive
 
 from gateway import metrics, proxy
-from gateway.config import Rule
+from gateway.config import Route, Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
@@ -119,23 +119,30 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
     return Identified(rules, keys, costs, args)
 
 
-def held_refusal(runtime: Runtime, plan: RoutePlan, view: RequestView) -> tuple[str, Answer] | None:
-    """The refusal held in memory for this request (gateway/refusals.py), rendered, with the rule
-    that refused; None when the full path must decide. Synchronous: the server protocol calls it
+def held_refusal(runtime: Runtime, plan: RoutePlan, view: RequestView) -> tuple[Identified, Decision] | None:
+    """The refusal held in memory for this request (gateway/refusals.py), with what was read from
+    the request; None when the full path must decide. Synchronous: the server protocol calls it
     before the application is entered, so a flood's refusals cost no task, no Starlette layer and
     no ASGI message."""
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _ = identify(plan, view)
+        identified = identify(plan, view)
     except (IdentityMissing, BadRequest):
         return None
+    decision = held_decision(runtime, plan.route, identified.rules, identified.keys, identified.costs)
+    return None if decision is None else (identified, decision)
+
+
+def held_decision(runtime: Runtime, route: Route, rules: list[Rule], keys: list[str],
+                  costs: list[int | None]) -> Decision | None:
+    """The refusal held for these keys and costs (of `route`'s rules, `rules` taking part), counted
+    as refused locally; None if none holds."""
     decision = runtime.refusals.answer(keys, costs) if rules else None
     if decision is None or decision.refused_by is None:
         return None
-    name = rules[decision.refused_by].name
-    metrics.rule_decisions(plan.route.name, name, "refused_locally").inc()
-    return name, refusal(plan.route, rules, decision)
+    metrics.rule_decisions(route.name, rules[decision.refused_by].name, "refused_locally").inc()
+    return decision
 
 
 def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:

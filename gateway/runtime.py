@@ -19,6 +19,7 @@ from gateway.match import Router
 from gateway.proxy import UpstreamClient
 from gateway.redis import make_runner
 from gateway.refusals import LocalRefusals
+from gateway.repeats import Repeats
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class RoutePlan:
     # args and prefix_keys are shard 0's
     shard_args: tuple[tuple[RuleSpec, ...], ...] = ()
     shard_prefix_keys: tuple[tuple[str, ...], ...] = ()
+    # its identities are functions of the request's bytes alone (no JWT, no body): gateway/repeats.py
+    repeatable: bool = False
 
     @property
     def shards(self) -> int:
@@ -65,6 +68,7 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         client=client,
         shard_args=tuple(shard_args),
         shard_prefix_keys=shard_prefix_keys,
+        repeatable=not any(s.kind in ("body", "jwt") for rule in route.limits for s in rule.by),
     )
 
 
@@ -78,6 +82,7 @@ class Runtime:
     clients: dict[str, UpstreamClient]
     jwt: JwtVerifier | None
     refusals: LocalRefusals = field(default_factory=LocalRefusals)  # this config's, this worker's
+    repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)

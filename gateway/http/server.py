@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import urllib.parse
+import weakref
 from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
@@ -28,8 +29,10 @@ from typing import Any
 import httptools
 
 # The worker sets it to the gateway's `held_refusal`: a request it answers (a refusal held in
-# memory) is answered here, before the application is entered: no task, no ASGI messages.
-EARLY_ANSWER: Callable[[dict[str, Any]], tuple[int, list[tuple[bytes, bytes]], bytes] | None] | None = None
+# memory) is answered here, before the application is entered: no task, no ASGI messages. It is
+# asked only about keep-alive requests that expect a body in the answer (not HEAD, no Expect), and
+# answers with a whole response (`head_lines` + more lines + b"\r\n" + a body its Content-Length frames).
+EARLY_ANSWER: Callable[[dict[str, Any]], bytes | None] | None = None
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
@@ -51,6 +54,14 @@ def _status_line(status: int) -> bytes:
             phrase = ""
         line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
     return line
+
+
+def head_lines(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A response's status line and header lines, without the empty line that ends the head."""
+    parts = [_status_line(status)]
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    return b"".join(parts)
 
 
 def _problem_bytes(status: int, title: str, detail: str) -> bytes:
@@ -176,6 +187,48 @@ class Exchange:
         return b"".join(parts)
 
 
+class Turns:
+    """Counts the turns of one event loop while connections sit some out (STEP_ASIDE): one
+    callback a turn whatever the number of connections waiting, and no system call."""
+
+    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Turns:
+        turns = cls._of.get(loop)
+        if turns is None:
+            turns = cls._of[loop] = cls(loop)
+        return turns
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.turn = 0
+        self.waiting: deque[tuple[int, HttpProtocol]] = deque()  # in the order they are due
+        self.ticking = False
+
+    def wait(self, connection: HttpProtocol, turns: int) -> None:
+        """Call `connection.step_back()` once `turns` turns of the loop have passed."""
+        self.waiting.append((self.turn + turns, connection))
+        if not self.ticking:
+            self.ticking = True
+            self.loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.turn += 1
+        waiting = self.waiting
+        while waiting and waiting[0][0] <= self.turn:
+            connection = waiting.popleft()[1]
+            try:
+                connection.step_back()
+            except Exception:  # one connection's failure never strands the others
+                log.exception("resuming a connection failed; it is closed")
+                connection.transport.close()
+        if waiting:
+            self.loop.call_soon(self._tick)  # runs in the next turn: callbacks added now wait for it
+        else:
+            self.ticking = False
+
+
 class HttpProtocol(asyncio.Protocol):
     """One client connection. Constructed by uvicorn.Server like its own protocol classes."""
 
@@ -217,6 +270,11 @@ class HttpProtocol(asyncio.Protocol):
         self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
         self.body_delivered = 0       # body bytes the parser has handed over on this connection
         self.framing_bytes = 0        # bytes read since the last body bytes (chunk framing, trailers)
+        # answered early: the next STEP_ASIDE turns of the loop, what arrives waits in `stashed`
+        self.turns = Turns.of(self.loop)
+        self.aside = False
+        self.stashed = b""
+        self.stash_paused = False
 
     # --- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -255,6 +313,12 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.deferred_refusal:
             return  # the parser failed on this connection: nothing more is read
+        if self.aside:  # answered early a moment ago: kept until `step_back`
+            self.stashed += data
+            if len(self.stashed) > READ_HIGH_WATER and not self.read_paused:
+                self.stash_paused = True
+                self._pause_reading()
+            return
         # One read may carry the head and the start of a large body: judge the head only if it is
         # still incomplete after this read (what is buffered stays below the bound plus one read).
         counting = self.in_head
@@ -351,7 +415,8 @@ class HttpProtocol(asyncio.Protocol):
         }
         exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive(), self.expect_100)
         if self.exchange is None or self.exchange.response_complete:
-            if EARLY_ANSWER is None or self.expect_100 or not self._answer_early(exchange):
+            if (EARLY_ANSWER is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
+                    or not self._answer_early(exchange)):
                 self._start(exchange)
         else:  # pipelined behind a response still in progress
             self._pause_reading()
@@ -388,26 +453,28 @@ class HttpProtocol(asyncio.Protocol):
             return False
         if answer is None:
             return False
-        status, headers, body = answer
         exchange.response_started = True
-        head = exchange._head(status, headers)
         self.exchange = exchange
-        self.transport.write(head if exchange.bodiless else head + body)
+        self.transport.write(answer)
         exchange.response_complete = True
         self.response_done(exchange)
         if not self.transport.is_closing():
             # This connection's next request waits STEP_ASIDE turns of the event loop: a flood
             # answered from memory never fills the turns an honest request needs (its Redis reply,
             # its upstream's answer). bench/flood.py measures both sides.
-            self._pause_reading()
-            self._step_aside(STEP_ASIDE)
+            self.aside = True
+            self.turns.wait(self, STEP_ASIDE)
         return True
 
-    def _step_aside(self, turns: int) -> None:
-        if turns:
-            self.loop.call_soon(self._step_aside, turns - 1)
-        elif self.exchange is None or self.exchange.response_complete:
-            self.resume_reading()
+    def step_back(self) -> None:
+        """STEP_ASIDE turns have passed: what arrived meanwhile is read now."""
+        self.aside = False
+        if self.stashed and not self.transport.is_closing():
+            data, self.stashed = self.stashed, b""
+            if self.stash_paused:
+                self.stash_paused = False
+                self.resume_reading()
+            self.data_received(data)
 
     def _start(self, exchange: Exchange) -> None:
         self.exchange = exchange
