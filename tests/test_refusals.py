@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -273,11 +274,17 @@ def test_bytes_per_entry() -> None:
 
 # --- end to end: real gateway processes ----------------------------------------------------------
 
+JWT_SECRET = "refusals-test-secret-0123456789abcdef"
 ROUTES = """
 version: 1
 redis: {{key_prefix: f{tag}}}
+jwt: {{algorithms: [HS256], secret: "refusals-test-secret-0123456789abcdef"}}
 upstreams: {{up: {{url: "{upstream}"}}}}
 routes:
+  - name: token
+    match: {{path: /echo/token}}
+    upstream: up
+    limits: [{{name: sub, by: ["jwt:sub"], algorithm: fixed_window, limit: 1, window: 1h}}]
   - name: flood
     match: {{path: /echo/flood}}
     upstream: up
@@ -502,3 +509,81 @@ def test_a_reload_forgets_every_refusal(tmp_path: Path, own_redis: RedisProcess,
             assert asks_redis(own_redis, client, "/echo/flood") == 200
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_repeated_request_is_answered_from_memory_with_its_own_request_id(
+        gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    """The flood's fast lane (gateway/repeats.py): the same request again is answered from memory
+    without being read again, and its answer is rendered once per decision; yet every answer
+    carries its own X-Request-Id, or echoes the one the client sent."""
+    who = user()
+    with httpx.Client(base_url=gateway.url, headers=who) as client:
+        assert [client.get("/echo/flood").status_code for _ in range(3)] == [200, 200, 429]
+        before = decisions(own_redis)
+        answers = [client.get("/echo/flood") for _ in range(50)]
+        sent = [client.get("/echo/flood", headers={"X-Request-Id": "client-chosen-1"}) for _ in range(3)]
+        assert decisions(own_redis) == before
+    assert {a.status_code for a in answers + sent} == {429}
+    ids = [a.headers["x-request-id"] for a in answers]
+    assert len(set(ids)) == len(ids)
+    assert [a.headers["x-request-id"] for a in sent] == ["client-chosen-1"] * 3
+    bodies = [a.json() for a in answers]
+    assert all(b["rule"] == "user" and b["route"] == "flood" for b in bodies)
+    assert [b["retry_after_ms"] for b in bodies] == sorted((b["retry_after_ms"] for b in bodies), reverse=True)
+
+
+def test_a_request_like_a_held_one_but_for_its_identity_asks_redis(
+        gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    """Two requests share what was read from them only when the gateway cannot tell them apart:
+    any other bytes are read again, and another identity is Redis's to decide."""
+    who = user()["X-User"]
+    with Conn(gateway.port) as conn:
+        def ask(user_line: bytes) -> int:
+            conn.send(b"GET /echo/flood HTTP/1.1\r\nHost: gw\r\n" + user_line + b"\r\n")
+            return conn.response()[0]
+
+        line = b"X-User: " + who.encode() + b"\r\n"
+        assert [ask(line) for _ in range(4)] == [200, 200, 429, 429]
+        before = decisions(own_redis)
+        assert ask(line) == 429
+        assert ask(line + b"User-Agent: other\r\n") == 429  # other bytes, the same identity: read again
+        assert decisions(own_redis) == before
+        assert ask(b"X-User: " + who.upper().encode() + b"\r\n") == 200  # another identity: Redis
+        assert decisions(own_redis) == before + 1
+        assert ask(line + line) == 400  # the identity header twice: never the held answer
+
+
+def test_a_pipelined_flood_larger_than_a_read_is_answered_in_order(gateway: GatewayProcess) -> None:
+    """Answered early, a connection sits out a few turns of the loop; what it sends meanwhile
+    waits, and past 64 KiB its socket is paused. Nothing is lost or reordered."""
+    who = user()["X-User"]
+    with httpx.Client(base_url=gateway.url, headers={"X-User": who}) as client:
+        assert [client.get("/echo/flood").status_code for _ in range(3)] == [200, 200, 429]
+    request = f"GET /echo/flood HTTP/1.1\r\nHost: gw\r\nX-User: {who}\r\nX-Pad: {'p' * 200}\r\n\r\n".encode()
+    count = 2000  # about 500 KB
+    with Conn(gateway.port) as conn:
+        conn.send(request * count + b"GET /echo/flood HTTP/1.1\r\nHost: gw\r\nX-User: other-" + who.encode()
+                  + b"\r\nX-N: last\r\n\r\n")
+        statuses = [conn.response()[0] for _ in range(count)]
+        last = conn.response()
+    assert statuses == [429] * count
+    assert last[0] == 200 and ["x-n", "last"] in json.loads(last[2])["headers"]
+
+
+def test_an_expired_token_is_not_refused_from_memory(gateway: GatewayProcess, own_redis: RedisProcess) -> None:
+    """Whether a JWT identifies anyone depends on the clock: a route that reads one is never
+    answered from what was read before, so a token that expires while its holder is refused from
+    memory gets the 400 of an expired token, not the held 429."""
+    import jwt
+
+    expires = int(time.time()) + 2
+    token = jwt.encode({"sub": uuid.uuid4().hex, "exp": expires}, JWT_SECRET, algorithm="HS256")
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {token}"}) as client:
+        assert [client.get("/echo/token").status_code for _ in range(2)] == [200, 429]
+        before = decisions(own_redis)
+        assert [client.get("/echo/token").status_code for _ in range(20)] == [429] * 20
+        assert decisions(own_redis) == before  # held
+        time.sleep(max(0.0, expires + 1.1 - time.time()))
+        expired = client.get("/echo/token")
+    assert expired.status_code == 400
+    assert "jwt:sub" in expired.json()["detail"]
