@@ -458,7 +458,7 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.write(answer)
         exchange.response_complete = True
         self.response_done(exchange)
-        if not self.transport.is_closing():
+        if STEP_ASIDE and not self.transport.is_closing():
             # This connection's next request waits STEP_ASIDE turns of the event loop: a flood
             # answered from memory never fills the turns an honest request needs (its Redis reply,
             # its upstream's answer). bench/flood.py measures both sides.
