@@ -33,8 +33,10 @@ class Received:
 
 @dataclass
 class LoggingUpstream:
-    received: list[Received] = field(default_factory=list)
-    scripts: dict[bytes, bytes] = field(default_factory=dict)
+    # kept out of the repr: hypothesis prints every argument of a test, fixtures included, and the
+    # log of a whole session is hundreds of kilobytes (a HypothesisWarning, an error under -Werror)
+    received: list[Received] = field(default_factory=list, repr=False)
+    scripts: dict[bytes, bytes] = field(default_factory=dict, repr=False)
     connections: int = 0
     port: int = 0
 
