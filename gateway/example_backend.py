@@ -1,5 +1,6 @@
 """The small example backend that the repo's routes.yaml points at (`make run`): a Starlette app
-under uvicorn that echoes what it received."""
+under uvicorn that echoes what it received. Orders are taken by `POST /seckill/{item_id}` (with or
+without a trailing slash, as the gateway's route matches it) and nowhere else."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 async def echo(request: Request) -> Response:
+    return await answer(request, order=False)
+
+
+async def order(request: Request) -> Response:
+    return await answer(request, order=True)
+
+
+async def answer(request: Request, order: bool) -> Response:
     body = await request.body()
     payload = {
         "backend": "example",
@@ -26,12 +35,16 @@ async def echo(request: Request) -> Response:
         "x_forwarded_for": request.headers.get("X-Forwarded-For"),
         "x_request_id": request.headers.get("X-Request-Id"),
     }
-    if request.url.path.startswith("/seckill/"):
+    if order:
         payload["order"] = "accepted"
     return Response(json.dumps(payload) + "\n", media_type="application/json")
 
 
-app = Starlette(routes=[Route("/{tail:path}", echo, methods=METHODS)])
+app = Starlette(routes=[
+    Route("/seckill/{item_id}", order, methods=["POST"]),
+    Route("/seckill/{item_id}/", order, methods=["POST"]),
+    Route("/{tail:path}", echo, methods=METHODS),
+])
 
 
 def main() -> None:

@@ -4,6 +4,11 @@ A route that lists `methods` owns its path: a request for that path with another
 taken by a later route without `methods` (a catch-all), only by a later route that names the
 method. Nothing matching, `allowed_methods` tells a 405 (with Allow) from a 404. So a catch-all
 never becomes a way around the limits of `POST /seckill/{item_id}` for `GET /seckill/42`.
+
+A template matches its path with or without one trailing slash (`/seckill/{item_id}` takes
+`/seckill/42/` too, with the same parameters): most frameworks behind a gateway serve both as one
+resource (Starlette redirects, Django appends, Spring matched both until 6.0), so a slash must not
+walk around a limit. The upstream still receives the path as sent.
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ _PATTERNS = {None: "[^/]+", "str": "[^/]+", "int": "[0-9]+", "path": ".*"}
 
 
 def compile_template(template: str) -> re.Pattern[str]:
+    if len(template) > 1 and template.endswith("/"):
+        template = template[:-1]
     out, last = [], 0
     for m in PARAM.finditer(template):
         out.append(re.escape(template[last : m.start()]))
         out.append(f"(?P<{m.group(1)}>{_PATTERNS[m.group(2)]})")
         last = m.end()
     out.append(re.escape(template[last:]))
-    return re.compile("^" + "".join(out) + "$")
+    slash = "" if template == "/" else "/?"
+    return re.compile("^" + "".join(out) + slash + "$")
 
 
 @dataclass(frozen=True)

@@ -56,4 +56,21 @@ def test_literal_characters_are_not_regex() -> None:
 def test_no_match() -> None:
     strict = Router([route("only", "/only", frozenset({"GET"}))])
     assert strict.match("POST", "", "/only") is None
-    assert strict.match("GET", "", "/only/") is None
+    assert strict.match("GET", "", "/only/x") is None
+
+
+def test_one_trailing_slash_is_the_same_resource() -> None:
+    # a slash must not walk around a route's limits to a catch-all (Starlette, Django and Spring < 6
+    # serve /seckill/42/ as /seckill/42)
+    assert name("POST", "/seckill/42/") == ("seckill", {"item_id": "42"})
+    assert name("GET", "/seckill/42/") is None
+    assert ROUTER.allowed_methods("shop.example", "/seckill/42/") == {"POST"}
+    assert name("POST", "/seckill/42//") == ("all", {"rest": "seckill/42//"})  # merged before matching
+    assert name("GET", "/health.json/") == ("exact", {})
+    assert name("GET", "/users/7/orders/a1/") == ("user", {"uid": "7", "oid": "a1"})
+    trailing = Router([route("dir", "/docs/", frozenset({"GET"}))])
+    assert trailing.match("GET", "", "/docs") is not None
+    assert trailing.match("GET", "", "/docs/") is not None
+    root = Router([route("root", "/", frozenset({"GET"}))])
+    assert root.match("GET", "", "/") is not None
+    assert root.match("GET", "", "//") is None

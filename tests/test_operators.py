@@ -4,6 +4,7 @@ right thing, the embedded Redis keeps its state with --data-dir, and the small t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -221,12 +222,33 @@ def test_the_order_endpoint_cannot_be_reached_around_its_limits(example: Gateway
         assert response.headers["allow"] == "POST"
         assert "x-upstream" not in response.headers, "never forwarded"
         assert f"{method} is not allowed on /seckill/42" in str(problem(response)["detail"])
+    for path in ("/seckill/42/", "/seckill/42/."):  # a trailing slash is the same resource
+        refused = httpx.get(example.url + path, headers=ORDER)
+        assert refused.status_code == 405 and "x-upstream" not in refused.headers, path
     order = httpx.post(example.url + "/seckill/42", headers=ORDER, content=b'{"qty": 7}')
     assert order.status_code == 200 and order.headers["x-upstream"] == "echo"
     assert 'RateLimit-Policy'.lower() in order.headers
+    slash = httpx.post(example.url + "/seckill/42/", headers=ORDER, content=b'{"qty": 8}')
+    assert slash.status_code == 200 and "ip-" not in slash.headers["ratelimit-policy"], "seckill's rules"
     assert httpx.get(example.url + "/seckill/42/reviews").status_code == 200, "other paths: the catch-all"
     stock = httpx.get(example.admin_url + "/limits/seckill/stock", params={"key": "42"}).json()
-    assert stock["remaining"] == 99, "only the POST took stock"
+    assert stock["remaining"] == 98, "only the two POSTs took stock"
+
+
+def test_the_example_backend_takes_orders_only_where_the_seckill_route_limits_them() -> None:
+    from gateway.example_backend import app
+
+    async def ask(method: str, path: str) -> tuple[int, dict[str, object]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shop") as client:
+            answer = await client.request(method, path, content=b"{}")
+            return answer.status_code, answer.json()
+
+    for path in ("/seckill/42", "/seckill/42/"):
+        assert asyncio.run(ask("POST", path))[1]["order"] == "accepted"
+    for method, path in (("POST", "/seckill/42/x"), ("POST", "/seckill/"), ("GET", "/seckill/42"),
+                         ("PUT", "/seckill/42")):
+        status, body = asyncio.run(ask(method, path))
+        assert status == 200 and "order" not in body, (method, path)
 
 
 def test_a_forged_x_forwarded_for_does_not_escape_the_per_ip_limit(example: GatewayProcess) -> None:
