@@ -29,6 +29,7 @@ MAX_SHARDS = 1024  # per route: hash tags a route's keys spread over (docs/scali
 MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
 MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
 LOCAL_REFUSALS_MAX = 100_000  # refusals each worker keeps in memory by default (gateway/refusals.py)
+LOCAL_REFUSALS_HOLD = 1.0     # seconds a refusal is answered from memory at most before Redis is asked again
 
 ALGORITHMS = (
     "fixed_window", "sliding_window", "sliding_log",
@@ -180,6 +181,7 @@ class Config:
     identity_max_bytes: int = 1024
     access_log: bool = False
     local_refusals_max: int = LOCAL_REFUSALS_MAX  # 0: every request asks Redis
+    local_refusals_hold: float = LOCAL_REFUSALS_HOLD  # how stale an admin reset may be elsewhere
 
 
 T = TypeVar("T")
@@ -393,12 +395,15 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     access_log = False
     if "access_log" in top:
         access_log = bool(r.boolean(top["access_log"], "access_log"))
-    local_refusals = LOCAL_REFUSALS_MAX
+    local_refusals, local_hold = LOCAL_REFUSALS_MAX, LOCAL_REFUSALS_HOLD
     if "local_refusals" in top:
-        refusals = r.mapping(top["local_refusals"], "local_refusals", ("max_entries",))
+        refusals = r.mapping(top["local_refusals"], "local_refusals", ("max_entries", "max_hold"))
         if refusals and "max_entries" in refusals:
             found = r.integer(refusals["max_entries"], "local_refusals.max_entries", 0, 10_000_000)
             local_refusals = LOCAL_REFUSALS_MAX if found is None else found
+        if refusals and "max_hold" in refusals:
+            hold = r.duration(refusals["max_hold"], "local_refusals.max_hold")
+            local_hold = LOCAL_REFUSALS_HOLD if hold is None else hold
     upstreams = _upstreams(top.get("upstreams"), r, root)
     routes = _routes(top.get("routes"), r, root, upstreams, defaults, jwt)
     if r.problems:
@@ -415,6 +420,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         identity_max_bytes=ident_max,
         access_log=access_log,
         local_refusals_max=local_refusals,
+        local_refusals_hold=local_hold,
     )
 
 

@@ -19,7 +19,11 @@ the rounded-up retry, less 1000 ppm for the two clocks' rates: it never outlives
 The retry reported from memory counts down from the moment the reply ARRIVED: never below Redis's.
 
 Bounded: an LRU of `max_entries` (routes.yaml `local_refusals.max_entries`, default 100,000; 0
-turns it off). Each worker has its own; an admin reset clears the entries that read the key.
+turns it off). Each worker has its own; an admin reset clears the entries that read the key in the
+worker that served it. Other workers and hosts never see the reset, so no refusal is held longer
+than `max_hold` (`local_refusals.max_hold`, default 1 s): after that Redis is asked again, and
+a reset reaches every worker within it. Under a flood that is one Redis call per identity per
+worker per `max_hold`. Only a cost that can never fit is held longer: no reset changes that.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_MAX, Rule
+from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_HOLD, LOCAL_REFUSALS_MAX, Rule
 from gateway.limiter import Decision, Outcome, RuleState
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "LocalRefusals", "micros"]
@@ -99,8 +103,10 @@ class LocalRefusals:
     of them: the answer names the rule with the longest wait), each cost refused; at most
     `max_entries` identities, the least recently used go first."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, clock: Callable[[], int] = micros) -> None:
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, max_hold: float = LOCAL_REFUSALS_HOLD,
+                 clock: Callable[[], int] = micros) -> None:
         self.max_entries = max_entries
+        self.max_hold = round(max_hold * 1_000_000)  # µs
         self.clock = clock
         self.entries: OrderedDict[Keys, _Held] = OrderedDict()
         self.reset_at = -1  # a refusal from a request sent before this may predate a reset
@@ -230,6 +236,8 @@ class LocalRefusals:
         until = self._holds_until(rules, costs, decision, sent)
         if until is None:
             return False
+        if until != NEVER:
+            until = min(until, sent + self.max_hold)  # an admin reset elsewhere reaches us by then
         received = self.clock()
         if until <= received:
             return False

@@ -135,5 +135,5 @@ def build_runtime(
         plans=plans,
         clients=clients,
         jwt=JwtVerifier(config.jwt) if uses_jwt else None,
-        refusals=LocalRefusals(config.local_refusals_max),
+        refusals=LocalRefusals(config.local_refusals_max, config.local_refusals_hold),
     )

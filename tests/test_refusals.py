@@ -64,7 +64,9 @@ def run_with_cache(engine: Engine, route: list[Rule], data: st.DataObject, start
     model = Route(route)
     keys = fresh_keys(len(route))
     clock = Clock()
-    cache = LocalRefusals(64, clock=clock)
+    # held for as long as Redis would refuse, or capped (local_refusals.max_hold): exact either way
+    cache = LocalRefusals(64, max_hold=data.draw(st.sampled_from([0.05, 1.0, 10.0**6]), label="max hold"),
+                          clock=clock)
     period = max(period_us(r) for r in route)
     t, hits, timed = start, 0, 0
     costs_now = [1] * len(route)
@@ -137,6 +139,9 @@ def test_answers_from_memory_are_the_models_for_routes_of_several_rules(engine: 
 def test_the_properties_did_answer_from_memory() -> None:
     """The property runs above answered from memory for every algorithm that keeps refusals (so
     they tested the cache, not only Redis); leaky_bucket only for costs that never fit, by design."""
+    if not HITS:
+        pytest.skip("counts what the property tests above did: run it with them")
+    assert set(HITS) == {*ALGORITHMS, "quota_period", "route"}, HITS
     kept = [a for a in HITS if a != "leaky_bucket"]
     assert all(HITS[a][1] > 0 for a in kept), HITS
     assert HITS.get("leaky_bucket", (0, 0))[1] == 0, HITS
@@ -278,6 +283,7 @@ JWT_SECRET = "refusals-test-secret-0123456789abcdef"
 ROUTES = """
 version: 1
 redis: {{key_prefix: f{tag}}}
+local_refusals: {{max_hold: {hold}}}
 jwt: {{algorithms: [HS256], secret: "refusals-test-secret-0123456789abcdef"}}
 upstreams: {{up: {{url: "{upstream}"}}}}
 routes:
@@ -334,7 +340,8 @@ def own_redis() -> Iterator[RedisProcess]:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, own_redis: RedisProcess,
             upstream: Upstream) -> Iterator[GatewayProcess]:
-    text = ROUTES.format(tag=uuid.uuid4().hex[:6], upstream=upstream.url, limit=2)
+    # held as long as Redis would refuse: these tests count Redis calls over many requests
+    text = ROUTES.format(tag=uuid.uuid4().hex[:6], upstream=upstream.url, limit=2, hold="1h")
     proc = GatewayProcess(text, tmp_path_factory.mktemp("flood"), redis_url=own_redis.url)
     proc.start()
     yield proc
@@ -492,9 +499,33 @@ def test_where_memory_must_not_answer(gateway: GatewayProcess, own_redis: RedisP
         assert [asks_redis(own_redis, client, "/echo/stock") for _ in range(3)] == [429] * 3
 
 
+def test_an_admin_reset_reaches_every_worker_within_max_hold(
+        tmp_path: Path, own_redis: RedisProcess, upstream: Upstream) -> None:
+    """The reset is served by one worker; the others still hold the user's refusal of a 1-hour
+    window, but never past local_refusals.max_hold: by then every worker asks Redis again."""
+    hold = 1.0
+    text = ROUTES.format(tag=uuid.uuid4().hex[:6], upstream=upstream.url, limit=3, hold=f"{hold}s")
+    gateway = GatewayProcess(text, tmp_path, redis_url=own_redis.url, workers=2)
+    gateway.start()
+    try:
+        who = user()
+
+        def fresh_connection() -> int:  # the kernel spreads new connections over both workers
+            return httpx.get(gateway.url + "/echo/flood", headers=who).status_code
+
+        statuses = [fresh_connection() for _ in range(40)]
+        assert statuses == [200] * 3 + [429] * 37
+        reset = httpx.delete(gateway.admin_url + "/limits/flood/user", params={"key": who["X-User"]})
+        assert reset.status_code == 200 and reset.json()["reset"] is True
+        time.sleep(hold + 0.05)
+        assert [fresh_connection() for _ in range(3)] == [200] * 3, "a worker held a refusal past the reset"
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_a_reload_forgets_every_refusal(tmp_path: Path, own_redis: RedisProcess, upstream: Upstream) -> None:
     tag = uuid.uuid4().hex[:6]
-    gateway = GatewayProcess(ROUTES.format(tag=tag, upstream=upstream.url, limit=1), tmp_path,
+    gateway = GatewayProcess(ROUTES.format(tag=tag, upstream=upstream.url, limit=1, hold="1h"), tmp_path,
                              redis_url=own_redis.url)
     gateway.start()
     try:
@@ -503,7 +534,7 @@ def test_a_reload_forgets_every_refusal(tmp_path: Path, own_redis: RedisProcess,
             before = decisions(own_redis)
             assert client.get("/echo/flood").status_code == 429
             assert decisions(own_redis) == before  # held
-            gateway.config_path.write_text(ROUTES.format(tag=tag, upstream=upstream.url, limit=5))
+            gateway.config_path.write_text(ROUTES.format(tag=tag, upstream=upstream.url, limit=5, hold="1h"))
             reload = httpx.post(gateway.admin_url + "/reload")
             assert reload.status_code == 200, reload.text
             assert asks_redis(own_redis, client, "/echo/flood") == 200

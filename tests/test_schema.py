@@ -41,7 +41,7 @@ MINIMAL: dict[str, Any] = {
     "jwt": {"algorithms": ["HS256"], "secret": "s3cret"},
     "admin": {"token": ""},
     "identity": {"body_max_bytes": 1024, "max_length": 256},
-    "local_refusals": {"max_entries": 100_000},
+    "local_refusals": {"max_entries": 100_000, "max_hold": "1s"},
     "upstreams": {"up": {"url": "http://127.0.0.1:9000", "timeout": "1s"}},
     "routes": [{
         "name": "r",
@@ -293,6 +293,7 @@ INVALID = [
     ("body bound 0", with_change(("identity", "body_max_bytes"), 0)),
     ("local refusals negative", with_change(("local_refusals", "max_entries"), -1)),
     ("local refusals in words", with_change(("local_refusals", "max_entries"), "many")),
+    ("local refusals held for no time", with_change(("local_refusals", "max_hold"), "0s")),
     ("routes not a list", with_change(("routes",), {"name": "r"})),
 ]
 
