@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 from gateway.errors import ConfigError, ConfigProblem
+from gateway.http.request import HOP_BY_HOP
 from gateway.units import parse_duration, parse_rate
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -900,9 +901,7 @@ def _source(
 # identities are read, so the limit and the upstream never see them as sent).
 _HOP = "is hop-by-hop: removed before identities are read, never forwarded"
 UNREADABLE_HEADERS = {
-    **{name: f"header {name} {_HOP}" for name in (
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-        "trailers", "transfer-encoding", "upgrade", "proxy-connection")},
+    **{name.decode(): f"header {name.decode()} {_HOP}" for name in sorted(HOP_BY_HOP)},
     "content-length": "header content-length is framing the gateway writes itself; it is not an identity",
     "expect": "header expect is handled by the gateway and never forwarded",
     "x-forwarded-proto": "header x-forwarded-proto is written by the gateway; the client's is dropped",

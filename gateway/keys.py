@@ -50,10 +50,6 @@ def identity_token(parts: Sequence[bytes]) -> str:
     return "~" + base64.urlsafe_b64encode(digest.digest()).decode("ascii")
 
 
-def hash_tag(prefix: str, route: str) -> str:
-    return f"{prefix}:{{{route}}}"
-
-
 def state_key(prefix: str, route: str, rule: str, token: str, tag: str | None = None) -> str:
     """A rule's key; `tag` is one of `shard_tags(route, N)` on a sharded route (default: the route)."""
     return f"{prefix}:{{{tag or route}}}:{rule}:{token}"

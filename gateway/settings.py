@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -26,9 +25,10 @@ class Settings:
     data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
-    # The server protocol and the upstream transport for plain-HTTP/1.1 upstreams: the gateway's
-    # own (the defaults, measured faster), or uvicorn's httptools protocol and httpx's
-    # AsyncHTTPTransport, which pass the same conformance suite (docs/security.md).
+    # The server protocol and the upstream transport for HTTP/1.1 upstreams: the gateway's own
+    # (the defaults: stricter and measured faster), or, for comparison only, uvicorn's httptools
+    # protocol and httpx's AsyncHTTPTransport, which the tests run through the same conformance
+    # suite and which fail some of it (docs/security.md): never for production.
     http: str = "gateway"                  # gateway | uvicorn
     upstream_transport: str = "lean"       # lean | httpx
 
@@ -57,6 +57,13 @@ ENV_KEYS = {
 }
 
 
+CHOICES = {"GATEWAY_HTTP": ("gateway", "uvicorn"), "GATEWAY_UPSTREAM_TRANSPORT": ("lean", "httpx")}
+COMPARISON_ONLY = {  # what the libraries' own implementations fail of tests/conformance
+    ("http", "uvicorn"): "uvicorn's httptools protocol turns request trailers into headers",
+    ("upstream_transport", "httpx"): "httpx's HTTP/1.1 transport reuses a connection with bytes left over",
+}
+
+
 def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
     settings = base or Settings()
     values: dict[str, object] = {}
@@ -64,11 +71,19 @@ def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
         raw = env.get(name)
         if raw is None or raw == "":
             continue
+        if name in CHOICES and raw not in CHOICES[name]:
+            raise ValueError(f"{name}={raw!r}: must be one of {', '.join(CHOICES[name])}")
         try:
             values[field_name] = kind(raw)
         except ValueError as exc:
             raise ValueError(f"{name}={raw!r}: {exc}") from exc
     return replace(settings, **values)  # type: ignore[arg-type]
+
+
+def comparison_warnings(settings: Settings) -> list[str]:
+    """One line for each comparison-only implementation these settings choose."""
+    return [f"{field}={value}: for comparison only, never for production: {why}"
+            for (field, value), why in COMPARISON_ONLY.items() if getattr(settings, field) == value]
 
 
 def redis_settings(settings: Settings, config: Config) -> RedisSettings:
@@ -81,6 +96,3 @@ def redis_settings(settings: Settings, config: Config) -> RedisSettings:
 def needs_embedded_redis(settings: Settings, config: Config) -> bool:
     return not (settings.redis_url or config.redis.url)
 
-
-def process_env() -> Mapping[str, str]:
-    return os.environ

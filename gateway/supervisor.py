@@ -20,13 +20,12 @@ import tempfile
 import time
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from types import FrameType
 
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
-from gateway.settings import Settings, needs_embedded_redis
+from gateway.settings import Settings, comparison_warnings, needs_embedded_redis
 
 log = logging.getLogger("gateway")
 
@@ -93,6 +92,11 @@ class Supervisor:
                 state = "state is in memory only and gone when the gateway exits (--data-dir DIR keeps it)"
             log.info("no Redis URL configured: started an embedded redis-server at %s; %s "
                      "(for trying out and single boxes; set redis.url for production)", self.redis.url, state)
+        elif settings.data_dir is not None:
+            log.warning("--data-dir %s is ignored: a Redis URL is configured, and that Redis keeps the state",
+                        settings.data_dir)
+        for line in comparison_warnings(settings):
+            log.warning("%s", line)
         context = multiprocessing.get_context("spawn")
         sockets = [proxy, admin]
         log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",
@@ -227,7 +231,7 @@ def worker_main(settings: Settings, sockets: list[socket.socket], config: Config
     server_config = uvicorn.Config(
         app=app,
         loop="uvloop",
-        # ours (the default, measured faster and stricter) or uvicorn's own: both pass tests/conformance
+        # ours (the default: stricter and measured faster) or, for comparison only, uvicorn's own
         http=server.HttpProtocol if settings.http == "gateway" else "httptools",
         ws="none",
         lifespan="on",
@@ -245,6 +249,3 @@ def worker_main(settings: Settings, sockets: list[socket.socket], config: Config
     if not uvicorn_server.started:
         sys.exit(3)
 
-
-def config_path_exists(path: str) -> bool:
-    return Path(path).is_file()

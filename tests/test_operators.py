@@ -377,6 +377,21 @@ def test_a_quota_survives_a_restart_with_data_dir_and_not_without(tmp_path: Path
         assert lost.stop() == 0
 
 
+def test_data_dir_with_a_redis_url_says_it_is_ignored(tmp_path: Path, upstream: Upstream) -> None:
+    redis = RedisProcess()
+    redis.start()
+    gateway = GatewayProcess(STOCK.format(upstream=upstream.url), tmp_path, redis_url=redis.url,
+                             args=("--data-dir", str(tmp_path / "state")))
+    try:
+        gateway.start()
+        assert sell(gateway, 1) == [200]
+    finally:
+        assert gateway.stop() == 0
+        redis.stop()
+    assert f"--data-dir {tmp_path / 'state'} is ignored: a Redis URL is configured" in gateway.log()
+    assert not (tmp_path / "state").exists()
+
+
 # --- the command line -----------------------------------------------------------------------------
 
 def gateway_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
