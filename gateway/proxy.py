@@ -2,8 +2,8 @@
 
 Every forwarded request is an `httpx.Request` handed to the upstream's httpx transport, and every
 answer an `httpx.Response` whose stream is passed on chunk by chunk. The transport is httpx's own
-`AsyncHTTPTransport` for `http2: true`, `tls:` and https upstreams, and `LeanTransport`
-(gateway/http/transport.py) for plain HTTP/1.1 — the same interface, the same tests.
+`AsyncHTTPTransport` for `http2: true` upstreams, and `LeanTransport` (gateway/http/transport.py)
+for HTTP/1.1, plain or TLS — the same interface, the same tests.
 
 The gateway writes the framing of what it forwards: the request's Host, Content-Length or
 `Transfer-Encoding: chunked`, and X-Forwarded-*; the exact request target (the normalized path the
