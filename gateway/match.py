@@ -65,6 +65,11 @@ class Router:
                 return compiled.route, found.groupdict()
         return None
 
+    def may_match(self, path: str) -> bool:
+        """Whether any route, under any host or method, matches `path` (for a request whose checked
+        view could not be built, so its host and normalized path are unknown)."""
+        return any(compiled.pattern.match(path) is not None for compiled in self.routes)
+
     def allowed_methods(self, host: str, path: str) -> frozenset[str]:
         """The methods routes name for this path (empty: no route knows it, a 404)."""
         allowed: set[str] = set()

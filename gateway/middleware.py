@@ -1,4 +1,4 @@
-"""The gateway's rules guarding a Starlette or FastAPI application in-process (SPEC section 6).
+"""The gateway's rules guarding a Starlette or FastAPI application in-process.
 
     from gateway import RateLimitMiddleware
     app.add_middleware(RateLimitMiddleware, config="routes.yaml", redis_url=None)
@@ -7,7 +7,10 @@ A pure ASGI middleware: the same request checks, matching, identities, ONE limit
 request, refusals, rate-limit headers and failure policy as the proxy (gateway/guard.py decides for
 both); admitted requests go on to the wrapped app with the rate-limit headers added to its
 response, and a body read for a `body` identity is handed to the app first, whole. A request that
-matches no route passes to the app unlimited; non-HTTP scopes pass through untouched.
+matches no route passes to the app unlimited; non-HTTP scopes pass through untouched. A request
+the proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large)
+is refused here too only if a route could match the path the app sees: the others are the app's
+and its server's business, as they would be without the middleware.
 
 Redis: `redis_url`, else GATEWAY_REDIS_URL, else the file's `redis.url`, else an embedded
 redis-server started on first use and stopped with the app's lifespan (or at exit).
@@ -56,6 +59,9 @@ class RateLimitMiddleware:
         try:
             request = read_request(scope, self.max_head_bytes)
         except BadRequest as exc:
+            if not runtime.router.may_match(scope["path"]):
+                await self.app(scope, receive, send)
+                return
             await send_answer(send, problem(exc.status, str(exc)))
             return
         found = runtime.router.match(request.method, request.hostname, request.path)

@@ -1,5 +1,5 @@
 """`gateway.RateLimitMiddleware` guarding a real Starlette app and a real FastAPI app, each served
-by uvicorn in its own process, against a real Redis (SPEC section 6): the proxy's decisions,
+by uvicorn in its own process, against a real Redis: the proxy's decisions,
 refusals, headers and failure policy, with admitted requests reaching the app whole."""
 
 from __future__ import annotations
@@ -127,6 +127,18 @@ def test_requests_no_route_matches_pass_to_the_app_unlimited(served: Served) -> 
         assert "ratelimit-policy" not in response.headers
     # a path a route owns under POST only: the app answers, as it would without the middleware
     assert served.client.get("/orders/1").status_code == 405
+    # what the proxy refuses before matching is refused here only where a route could apply
+    for path in (b"/fr;ee", b"/free"):
+        with Conn(served.port) as conn:
+            conn.send(b"GET " + path + b" HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+            status, _, body = conn.response()
+        assert (status, body) == (200, path), "the app's own request"
+    with Conn(served.port) as conn:
+        conn.send(b"GET /seen/x HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+        assert conn.response()[0] == 501, "a route's request: refused as the proxy refuses it"
+    with Conn(served.port) as conn:
+        conn.send(b"GET /seen/a;b HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert conn.response()[0] == 400
 
 
 def test_redis_unavailable_follows_each_routes_failure_mode(tmp_path: Path) -> None:
