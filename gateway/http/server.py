@@ -9,7 +9,11 @@ What a proxy facing the internet needs, and uvicorn's protocol did not bound:
 - a client must finish sending its headers within `HEADER_TIMEOUT` seconds of starting (408), and
   a connection that says nothing is closed after as long: slowloris connections are not held open;
 - malformed requests, including conflicting Content-Length / Transfer-Encoding, are refused by the
-  parser (400, problem+json) and never forwarded.
+  parser (400, problem+json) and never forwarded; a transfer-coding other than chunked and CONNECT
+  are a 501. A request the parser refuses in the read that carried its head (a bad chunk size
+  after it) never enters the app: neither counted nor forwarded;
+- an absolute-form target's authority is the request's host (RFC 9112 3.2.2): the route, the
+  limit and X-Forwarded-Host read it, not the Host field.
 One timer per connection covers the head and keep-alive timeouts; it is armed when none is
 pending and, when it fires, sleeps again for whatever is left, so a request arms none.
 """
@@ -77,8 +81,8 @@ class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
     __slots__ = (
-        "bodiless", "body", "chunked", "conn", "disconnected", "expect_100", "keep_alive", "left", "more_body",
-        "pending_head", "receiving", "response_complete", "response_started", "scope",
+        "bodiless", "body", "chunked", "conn", "disconnected", "entered", "expect_100", "keep_alive", "left",
+        "more_body", "pending_head", "receiving", "refused", "response_complete", "response_started", "scope",
     )
 
     def __init__(self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_100: bool) -> None:
@@ -96,6 +100,8 @@ class Exchange:
         self.chunked = False
         self.bodiless = False
         self.left = -1  # bytes of body still owed under Content-Length (-1: not fixed)
+        self.entered = False  # the app has been called: the request may have been counted and forwarded
+        self.refused = False  # the parser refused it before the app was entered: the app never will be
 
     def wake(self) -> None:
         waiter = self.receiving
@@ -244,6 +250,10 @@ class HttpProtocol(asyncio.Protocol):
         self.app_state = app_state
         self.keep_alive_timeout = float(config.timeout_keep_alive)
         self.parser = httptools.HttpRequestParser(self)
+        # After a request that closes the connection (`Connection: close`, HTTP/1.0), llhttp skips
+        # whatever follows instead of failing the whole read: that request is still answered (no
+        # 400 in its place, as uvicorn's protocol does), and the bytes after it are never parsed
+        # as a request (tests/conformance: close-then-pipelined).
         self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
@@ -402,14 +412,27 @@ class HttpProtocol(asyncio.Protocol):
         self.head_started = 0.0
         parser = self.parser
         version = parser.get_http_version()
+        method = parser.get_method()
+        if method == b"CONNECT":  # its target is an authority, not a path: no tunnel through the gateway
+            self._refuse(501, "Not Implemented", "CONNECT is not supported")
+            raise httptools.HttpParserError("CONNECT")
+        codings = [value for name, value in self.headers if name == b"transfer-encoding"]
+        if codings and b",".join(codings).rsplit(b",", 1)[-1].strip().lower() != b"chunked":
+            # llhttp fails such a request right after this callback (its length is unknown); the
+            # SPEC's answer, as nginx's, is a 501, and the app is never entered
+            coding = b",".join(codings).strip()[:64].decode("latin-1")
+            self._refuse(501, "Not Implemented", f"transfer-coding {coding!r} is not supported (only chunked)")
+            raise httptools.HttpParserError("transfer-coding")
         parsed = httptools.parse_url(self.url)
-        raw_path: bytes = parsed.path
+        if parsed.host:
+            self._absolute_form(parsed)
+        raw_path: bytes = parsed.path or b"/"
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
         scope = {
             "type": "http", "asgi": ASGI, "http_version": version, "server": self.server,
-            "client": self.client, "scheme": self.scheme, "method": parser.get_method().decode("ascii"),
+            "client": self.client, "scheme": self.scheme, "method": method.decode("ascii"),
             "root_path": "", "path": path, "raw_path": raw_path, "query_string": parsed.query or b"",
             "headers": self.headers, "state": self.app_state.copy(),
         }
@@ -421,6 +444,19 @@ class HttpProtocol(asyncio.Protocol):
         else:  # pipelined behind a response still in progress
             self._pause_reading()
             self.pipeline.append(exchange)
+
+    def _absolute_form(self, parsed: Any) -> None:
+        """`GET http://host/path`: the target's authority is the request's host (RFC 9112 3.2.2, and
+        nginx's $host), so it replaces the value of every Host line. The Host lines are still
+        required and counted (none or two: 400, as nginx), and the authority is checked as a Host."""
+        if parsed.userinfo is not None:
+            self._refuse(400, "Bad Request", "a target with userinfo is ambiguous")
+            raise httptools.HttpParserError("userinfo")
+        host: bytes = parsed.host
+        authority = b"[%b]" % host if b":" in host else host
+        if parsed.port is not None:
+            authority += b":%d" % parsed.port
+        self.headers = [(name, authority if name == b"host" else value) for name, value in self.headers]
 
     def on_body(self, body: bytes) -> None:
         self.body_delivered += len(body)
@@ -483,6 +519,9 @@ class HttpProtocol(asyncio.Protocol):
         task.add_done_callback(self.tasks.discard)
 
     async def _run(self, exchange: Exchange) -> None:
+        if exchange.refused:
+            return  # the parser refused it (a malformed body in the read that carried its head)
+        exchange.entered = True
         try:
             await self.app(exchange.scope, exchange.receive, exchange.send)
         except BaseException as exc:
@@ -586,6 +625,10 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()  # never written into the middle of a response: the connection ends
             return
         answer = _problem_bytes(status, title, detail)
+        if current is not None and current.more_body and not current.entered and not current.response_started:
+            # refused in the read that carried its head: the app, whose task has not run yet, is
+            # never entered, so the request is neither counted nor forwarded
+            current.refused = True
         if self.pipeline and self.pipeline[-1].more_body:
             self.pipeline.pop()  # the refused request itself, queued but never started: it never will be
         if self.pipeline or (current is not None and not current.response_complete and not current.more_body):

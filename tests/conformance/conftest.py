@@ -27,6 +27,11 @@ routes:
     upstream: up
     limits:
       - {{name: hourly, by: ["path:run"], algorithm: fixed_window, limit: 1, window: 1h}}
+  - name: limited-user
+    match: {{path: "/limited-user/{{rest:path}}"}}
+    upstream: up
+    limits:
+      - {{name: hourly, by: ["header:X-User-Id"], algorithm: fixed_window, limit: 1, window: 1h}}
   - name: user
     match: {{path: "/user/{{rest:path}}"}}
     upstream: up
@@ -37,6 +42,9 @@ routes:
     upstream: up
     limits:
       - {{name: once, by: [body], algorithm: sliding_log, limit: 1000, window: 1s}}
+  - name: hosted
+    match: {{host: elsewhere, path: "/hosted/{{rest:path}}"}}
+    upstream: up
   - name: open
     match: {{path: "/open/{{rest:path}}"}}
     upstream: up
