@@ -1,4 +1,4 @@
-"""`shards: N` on a real Redis Cluster (three primaries, and their replicas for the failover).
+"""`shards: N` on a real Redis Cluster: three primaries, each with a replica.
 
 A sharded route's decisions land on every primary, each still ONE script call whose keys share one
 hash tag; racing gateway processes never admit more than a split rule allows (exactly its limit once
@@ -13,9 +13,11 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 from redis.crc import key_slot
 
 from gateway.config import RedisSettings, parse_config
@@ -30,6 +32,15 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
 GATEWAYS = 8
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    """Three primaries and three replicas of real processes (conftest's has no replicas)."""
+    c = RedisCluster(replicas=1)
+    c.start()
+    yield c
+    c.stop()
 
 
 def _plan(shards: int, stock: int, prefix: str, route: str = "sale") -> RoutePlan:
@@ -55,10 +66,6 @@ async def _decide(limiter: Limiter, plan: RoutePlan, user: str, item: str = "9")
     return (await limiter.decide(plan.shard_args[shard], keys, [1, 1])).admitted
 
 
-def _primaries(cluster: RedisCluster) -> list[RedisProcess]:
-    return [n for n in cluster.live() if n.client().execute_command("ROLE")[0] == b"master"]
-
-
 def _script_calls(node: RedisProcess) -> int:
     stats = node.client().info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
@@ -69,7 +76,7 @@ def _keys(node: RedisProcess, prefix: str) -> int:
 
 
 def test_a_sharded_route_spreads_keys_and_script_calls_over_every_primary(cluster: RedisCluster) -> None:
-    primaries = _primaries(cluster)
+    primaries = cluster.primaries()
     assert len(primaries) == 3
 
     def run(shards: int) -> tuple[list[int], list[int], int]:
@@ -195,7 +202,7 @@ def test_eight_gateways_racing_never_admit_more_than_the_split_quota(
 
 def _stock_total(cluster: RedisCluster, prefix: str) -> int:
     total = 0
-    for node in _primaries(cluster):
+    for node in cluster.primaries():
         for key in node.client().scan_iter(match=f"{prefix}:*:stock:*", count=1000):
             total += int(node.client().get(key) or 0)
     return total

@@ -71,9 +71,10 @@ class RedisCluster:
         """What `redis-cli --cluster reshard` does for one slot: IMPORTING on the target, MIGRATING
         on the source, MIGRATE the keys `batch` at a time (decisions run in between: ASK,
         TRYAGAIN), then SETSLOT NODE on the target, the source and the rest."""
-        ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in self.nodes}
+        primaries = self.primaries()
+        ids = {n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in primaries}
         source = self.owner_of_slot(slot)
-        target = next(n for n in self.nodes if n.port != source.port)
+        target = next(n for n in primaries if n.port != source.port)
         src, dst = source.client(), target.client()
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source.port])
         src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
@@ -82,8 +83,11 @@ class RedisCluster:
         while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
             src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
             time.sleep(0.003)
-        for node in [target, source] + [n for n in self.nodes if n.port not in (source.port, target.port)]:
+        for node in [target, source] + [n for n in primaries if n.port not in (source.port, target.port)]:
             node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+
+    def primaries(self) -> list[RedisProcess]:
+        return [n for n in self.live() if n.client().execute_command("ROLE")[0] == b"master"]
 
     def client_for(self, key: str) -> redis.Redis:
         return self.owner_of(key).client()
