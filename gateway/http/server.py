@@ -278,6 +278,7 @@ class HttpProtocol(asyncio.Protocol):
         self.served = 0
         self.timer: asyncio.TimerHandle | None = None
         self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
+        self.upgraded = False         # an Upgrade head was read: nothing after it is ever parsed
         self.body_delivered = 0       # body bytes the parser has handed over on this connection
         self.framing_bytes = 0        # bytes read since the last body bytes (chunk framing, trailers)
         # answered early: the next STEP_ASIDE turns of the loop, what arrives waits in `stashed`
@@ -321,8 +322,10 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
     def data_received(self, data: bytes) -> None:
-        if self.deferred_refusal:
-            return  # the parser failed on this connection: nothing more is read
+        if self.deferred_refusal or self.upgraded:
+            # the parser failed on this connection, or read an Upgrade head: nothing more is read
+            # (reading resumes for the requests pipelined before, and must not feed the parser)
+            return
         if self.aside:  # answered early a moment ago: kept until `step_back`
             self.stashed += data
             if len(self.stashed) > READ_HIGH_WATER and not self.read_paused:
@@ -340,6 +343,7 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             # No protocol switch through the gateway: the app refuses the request (501) and the
             # connection ends after that answer; nothing sent after the head is read.
+            self.upgraded = True
             exchange = self.pipeline[-1] if self.pipeline else self.exchange
             if exchange is not None:
                 exchange.keep_alive = False
@@ -448,7 +452,8 @@ class HttpProtocol(asyncio.Protocol):
     def _absolute_form(self, parsed: Any) -> None:
         """`GET http://host/path`: the target's authority is the request's host (RFC 9112 3.2.2, and
         nginx's $host), so it replaces the value of every Host line. The Host lines are still
-        required and counted (none or two: 400, as nginx), and the authority is checked as a Host."""
+        required on HTTP/1.1 and counted (none or two: 400, as nginx), and the authority is checked
+        as a Host."""
         if parsed.userinfo is not None:
             self._refuse(400, "Bad Request", "a target with userinfo is ambiguous")
             raise httptools.HttpParserError("userinfo")
@@ -456,7 +461,10 @@ class HttpProtocol(asyncio.Protocol):
         authority = b"[%b]" % host if b":" in host else host
         if parsed.port is not None:
             authority += b":%d" % parsed.port
-        self.headers = [(name, authority if name == b"host" else value) for name, value in self.headers]
+        if any(name == b"host" for name, _ in self.headers):
+            self.headers = [(name, authority if name == b"host" else value) for name, value in self.headers]
+        elif self.parser.get_http_version() == "1.0":  # no Host needed: the authority is the one
+            self.headers.append((b"host", authority))
 
     def on_body(self, body: bytes) -> None:
         self.body_delivered += len(body)
