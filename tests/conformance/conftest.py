@@ -82,4 +82,9 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     proc.start()
     yield Deployed(proc, server, transport)
     assert proc.stop() == 0
-    assert "Traceback" not in proc.log(), proc.log()
+    tracebacks = proc.log().split("Traceback (most recent call last):")[1:]
+    if server == "uvicorn":  # its protocol closes the connection for a malformed pipelined request, then
+        # the app answering the request before it writes to the closed transport (pipelined-then-malformed)
+        tracebacks = [t for t in tracebacks if "RuntimeError: unable to perform operation on <TCPTransport closed=True"
+                      not in t.split("Exception in ASGI application")[0]]
+    assert not tracebacks, proc.log()

@@ -147,6 +147,8 @@ CASES = [
     Case("absolute-form-userinfo", req("GET", "http://u@elsewhere/open/u"), 400,
          uvicorn=(200, (fwd("GET", "/open/u"),))),
     Case("absolute-form-no-host-field", req("GET", "http://elsewhere/open/nh", host=False), 400),
+    Case("absolute-form-http10", b"GET http://elsewhere/hosted/old HTTP/1.0\r\nX-Request-Id: rid\r\n\r\n", 200,
+         (elsewhere(fwd("GET", "/hosted/old")),), uvicorn=(404, ())),
     Case("absolute-form-two-host-fields", req("GET", "http://elsewhere/open/h2", "Host: other"), 400),
     # --- the limit and the upstream see the same request -------------------------------------------
     Case("connection-names-identity", req("GET", "/user/a", "X-User-Id: alice", "Connection: close, X-User-Id"),
@@ -169,6 +171,8 @@ CASES = [
          (fwd("GET", "/open/hop", "x-keep: 1"),)),
     Case("body-framed-by-gateway", req("POST", "/open/b", "Content-Length: 5", body=b"hello"), 200,
          (fwd("POST", "/open/b", body=b"hello"),)),
+    Case("pipelined-then-malformed", req("GET", "/open/pm1") + req("POST", "/open/pm2", "Content-Length: 5",
+         "Transfer-Encoding: chunked", body=b"0\r\n\r\n"), 200, (fwd("GET", "/open/pm1"),), also=(400,)),
     Case("pipelined-exactly-once-each", req("GET", "/open/p1") + req("POST", "/open/p2", "Content-Length: 3",
          body=b"abc") + req("GET", "/open/p3"), 200,
          (fwd("GET", "/open/p1"), fwd("POST", "/open/p2", body=b"abc"), fwd("GET", "/open/p3")), also=(200, 200)),
@@ -218,20 +222,22 @@ UVICORN_WEAKER = {
     "trailer-bomb": "uvicorn's protocol buffers an endless trailer without bound",
     "trailer-is-not-an-identity": "uvicorn's protocol turns a trailer into a header",
     "trailer-never-forwarded": "uvicorn's protocol turns a trailer into a header",
+    "pipelined-then-malformed": "uvicorn's protocol answers its parser's 400 in place of the answer to the "
+                                "request before, which was forwarded",
 }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_client_side(case: Case, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
-    statuses, received, headers = run_case(gateway, logging_upstream, case.send, 1 + len(case.also))
     status, forwarded = case.uvicorn if case.uvicorn and gateway.server == "uvicorn" else (case.status, case.forwarded)
     expected = [raw.replace(b"{up}", logging_upstream.address.encode()) for raw in forwarded]
     weaker = UVICORN_WEAKER.get(case.id) if gateway.server == "uvicorn" else None
     try:
+        statuses, received, headers = run_case(gateway, logging_upstream, case.send, 1 + len(case.also))
         assert statuses[:1] == [status], f"answered {statuses}"
         assert statuses[1:] == list(case.also)
         assert [r.raw for r in received] == expected
-    except AssertionError:
+    except (AssertionError, ConnectionError):  # ConnectionError: fewer answers than requests
         if weaker:
             pytest.xfail(weaker)
         raise

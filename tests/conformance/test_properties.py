@@ -4,8 +4,10 @@ path and the one identity header the decision used.
 
 Requests go to `/user/...` (limited by X-User-Id). Each carries a unique marker; its path is built
 from pieces whose normalized form is known by construction (or that must be refused), and its head
-from mutations that must either pass unchanged or be refused. Runs against the shipped pair: the
-gateway's server protocol and the lean transport.
+from mutations that must either pass unchanged or be refused. Refusing everything would not pass:
+the first request is always answered, and every valid request answered is admitted. Runs against
+the shipped pair (the gateway's server protocol and the lean transport) and, with fewer examples,
+the three other pairs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from tests.support.raw_http import Conn
 PIECES = [
     ("", "", True), ("/./", "/", True), ("//", "/", True), ("/x/..", "", True), ("/%2e", "", True),
     ("/%61", "/a", True), ("/a%20b", "/a%20b", True), ("/%2f", "", False), ("/..%2F", "", False),
-    ("/%00", "", False), ("/%zz", "", False), ("/%5c", "", False), ("/../..", "", False),
+    ("/%00", "", False), ("/%zz", "", False), ("/%5c", "", False),
+    # above the root whatever came before: at most three pieces, each at most one segment deep
+    ("/../../../../..", "", False),
 ]
 # head mutations: (extra fields, whether the request may still be admitted)
 MUTATIONS = [
@@ -39,6 +43,9 @@ MUTATIONS = [
     (("Transfer-Encoding: gzip",), False),
     (("Host: other",), False),                            # a second Host
 ]
+# refused by the parser itself (llhttp) or stopping it (an Upgrade), not by the gateway's checks
+PARSER_STOPS = [(("Transfer-Encoding: chunked",), False), (("Transfer-Encoding: gzip",), False),
+                (("Upgrade: h2c", "Connection: Upgrade"), False)]
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,11 @@ class Sent:
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> Sent:
+def requests(draw: st.DrawFn, mutations: list[tuple[tuple[str, ...], bool]] = MUTATIONS) -> Sent:
     marker = uuid.uuid4().hex[:12]
     method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE"]))
     pieces = draw(st.lists(st.sampled_from(PIECES), max_size=3))
-    fields, admissible = draw(st.sampled_from(MUTATIONS))
+    fields, admissible = draw(st.sampled_from(mutations))
     raw_path = "/user" + "".join(p[0] for p in pieces) + "/" + marker
     normalized = "/user" + "".join(p[1] for p in pieces) + "/" + marker
     while "//" in normalized:
@@ -77,12 +84,47 @@ def requests(draw: st.DrawFn) -> Sent:
     return Sent(method, marker, raw, normalized if valid else None, user)
 
 
+BATCHES = st.lists(requests(), min_size=1, max_size=4)
+CHUNKS = st.sampled_from([0, 1, 13, 100])
+
+
 @pytest.mark.parametrize("gateway", [("gateway", "lean")], indirect=True,
                          ids=["gateway-server+lean-transport"])
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batch=st.lists(requests(), min_size=1, max_size=4), chunk=st.sampled_from([0, 1, 13, 100]))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=BATCHES, chunk=CHUNKS)
 def test_the_upstream_sees_only_what_was_admitted_as_it_was_decided(
         batch: list[Sent], chunk: int, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
+    check_batch(batch, chunk, gateway, logging_upstream)
+
+
+@pytest.mark.parametrize("gateway", [("gateway", "httpx")], indirect=True,
+                         ids=["gateway-server+httpx-transport"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=BATCHES, chunk=CHUNKS)
+def test_httpx_transport_sees_only_what_was_admitted(
+        batch: list[Sent], chunk: int, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
+    check_batch(batch, chunk, gateway, logging_upstream)
+
+
+# uvicorn's own protocol answers its parser's 400 in place of the answer to a request pipelined
+# before the malformed one (which was forwarded): pinned by the client-side case
+# `pipelined-then-malformed`. After an Upgrade split over writes it parses what follows and does
+# the same (found here: [valid, valid, Upgrade, valid] in 13-byte writes answers 200, 400). So
+# here its heads are only those the gateway's own checks refuse.
+UVICORN_PAIRS = [("uvicorn", "lean"), ("uvicorn", "httpx")]
+UVICORN_BATCHES = st.lists(requests([m for m in MUTATIONS if m not in PARSER_STOPS]), min_size=1, max_size=4)
+
+
+@pytest.mark.parametrize("gateway", UVICORN_PAIRS, indirect=True,
+                         ids=[f"{s}-server+{t}-transport" for s, t in UVICORN_PAIRS])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=UVICORN_BATCHES, chunk=CHUNKS)
+def test_uvicorn_protocol_sees_only_what_was_admitted(
+        batch: list[Sent], chunk: int, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
+    check_batch(batch, chunk, gateway, logging_upstream)
+
+
+def check_batch(batch: list[Sent], chunk: int, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
     data = b"".join(s.raw for s in batch)
     writes = [data] if not chunk else [data[i:i + chunk] for i in range(0, len(data), chunk)]
     mark = logging_upstream.mark()
@@ -92,6 +134,9 @@ def test_the_upstream_sees_only_what_was_admitted_as_it_was_decided(
         try:
             for piece in writes:
                 conn.send(piece)
+        except OSError:
+            pass  # refused and closed before the client finished sending: the answers are still read
+        try:
             for _ in batch:
                 statuses.append(conn.response()[0])
         except (ConnectionError, TimeoutError, OSError, IndexError, ValueError):
@@ -102,6 +147,12 @@ def test_the_upstream_sees_only_what_was_admitted_as_it_was_decided(
         assert conn.response()[0] == 200
     received = [r for r in logging_upstream.since(mark) if barrier.encode() not in r.target]
 
+    # refusing everything is not an answer: the first request is always answered, and every valid
+    # request that is answered is admitted (the route allows 100000 a minute per user)
+    assert statuses, "the first request got no answer"
+    for sent, status in zip(batch, statuses, strict=False):
+        if sent.expected_path is not None:
+            assert status == 200, f"{sent.raw!r} was answered {status}"
     admitted = [sent for sent, status in zip(batch, statuses, strict=False) if status == 200]
     assert len(received) == len(admitted), (statuses, [r.target for r in received])
     for sent, got in zip(admitted, received, strict=True):

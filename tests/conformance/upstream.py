@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
 
@@ -60,6 +61,10 @@ class LoggingUpstream:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What hypothesis prints for this fixture: it reads a dataclass's fields, not its repr."""
+        printer.text(f"LoggingUpstream(port={self.port}, received={len(self.received)} requests)")
 
     @property
     def address(self) -> str:
