@@ -77,6 +77,16 @@ WRK_SCRIPT = """\
 dofile("{report}")
 wrk.headers["X-User-Id"] = "{abuser}"
 """
+# --vary: every request of the abuser carries a new X-Request-Id, so no two are the same bytes and
+# the fast lane for exact repeats (gateway/repeats.py) never applies: each is read and matched
+VARY_SCRIPT = """\
+local n = 0
+request = function()
+  n = n + 1
+  wrk.headers["X-Request-Id"] = "abuse-" .. n
+  return wrk.format(nil)
+end
+"""
 
 
 def start_gateway(procs: Processes, tmp: Path, name: str, upstream_port: int, redis_port: int,
@@ -150,7 +160,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def phase(name: str, procs: Processes, tmp: Path, upstream_port: int, redis_port: int, duration: float,
-          max_entries: int, flood: bool, connections: int) -> dict[str, Any]:
+          max_entries: int, flood: bool, connections: int, vary: bool = False) -> dict[str, Any]:
     redis_command(redis_port, "FLUSHALL")
     url, admin, process = start_gateway(procs, tmp, name, upstream_port, redis_port, max_entries)
     port = int(url.rsplit(":", 1)[1])
@@ -163,7 +173,8 @@ def phase(name: str, procs: Processes, tmp: Path, upstream_port: int, redis_port
         result: dict[str, Any] = {"max_entries": max_entries}
         if flood:
             script = tmp / "flood.lua"
-            script.write_text(WRK_SCRIPT.format(report=BENCH / "report.lua", abuser=ABUSER))
+            script.write_text(WRK_SCRIPT.format(report=BENCH / "report.lua", abuser=ABUSER)
+                              + (VARY_SCRIPT if vary else ""))
             result["wrk"] = abuse(url, script, connections, duration)
         for client in clients:
             client.join(duration + 30)
@@ -207,7 +218,8 @@ def markdown(report: dict[str, Any]) -> str:
     ratio = on["refusals_per_s"] / off["refusals_per_s"]
     lines = [
         f"Run {report['started']} UTC, commit {report['commit']}, {report['machine']['nproc']} cores "
-        f"({report['machine']['cpu_model']}), {report['duration_s']:.0f} s per phase:",
+        f"({report['machine']['cpu_model']}), {report['duration_s']:.0f} s per phase"
+        + (", the abuser sending a new X-Request-Id with every request (`--vary`):" if report.get("vary") else ":"),
         "",
         "| measure | cache on | cache off | target |",
         "| --- | ---: | ---: | ---: |",
@@ -231,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per phase (20)")
     parser.add_argument("--connections", type=int, default=50, help="the abuser's connections (50)")
+    parser.add_argument("--vary", action="store_true",
+                        help="the abuser sends a new X-Request-Id with every request (no exact repeats)")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found (make system-deps, or apt-get install wrk)")
@@ -240,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["bench/flood.py", *(sys.argv[1:] if argv is None else argv)]),
         "commit": git_describe(),
         "duration_s": args.duration,
+        "vary": args.vary,
         "machine": machine(),
         "phases": {},
     }
@@ -253,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
                                          ("flood-off", 0, True)):
             print(f"== {name}", flush=True)
             result = phase(name, procs, tmp, upstream_port, redis_port, args.duration, max_entries, flood,
-                           args.connections)
+                           args.connections, args.vary)
             report["phases"][name] = result
             print(json.dumps({k: v for k, v in result.items() if k != "wrk"}), flush=True)
     finally:
         procs.stop_all()
-    (OUT / "flood.json").write_text(json.dumps(report, indent=2))
+    (OUT / ("flood-vary.json" if args.vary else "flood.json")).write_text(json.dumps(report, indent=2))
     print()
     print(markdown(report))
     return 0
