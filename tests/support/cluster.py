@@ -31,13 +31,17 @@ class RedisCluster:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     def start(self) -> None:
-        for node in self.nodes:
-            node.start()
-        cli = str(Path(self.binary).with_name("redis-cli"))
-        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-        subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
-                        "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        wait_until(self.healthy, timeout=30)
+        try:
+            for node in self.nodes:
+                node.start()
+            cli = str(Path(self.binary).with_name("redis-cli"))
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            subprocess.run([cli, "--cluster", "create", *addresses, "--cluster-replicas", str(self.replicas),
+                            "--cluster-yes"], check=True, capture_output=True, timeout=60)
+            wait_until(self.healthy, timeout=30)
+        except BaseException:
+            self.stop()  # no node left running behind a failed start
+            raise
 
     def live(self) -> list[RedisProcess]:
         return [node for node in self.nodes if node.process is not None and node.process.poll() is None]
