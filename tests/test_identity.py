@@ -128,6 +128,8 @@ def test_a_value_an_upstream_could_read_differently_is_a_400() -> None:
         (((b"cookie", b"sid=a; sid=b"),), b"", Source("cookie", "sid")),
         (((b"x-user", b"alice"), (b"x_user", b"bob")), b"", Source("header", "x-user")),  # HTTP_X_USER
         (((b"x_user", b"bob"),), b"", Source("header", "x-user")),
+        (((b"x-request-id", b"a"), (b"x-request-id", b"b")), b"", Source("header", "x-request-id")),
+        (((b"host", b"gw2"),), b"", Source("header", "host")),  # a second Host
     ]
     for headers, query, source in ambiguous:
         with pytest.raises(BadRequest):
@@ -135,6 +137,8 @@ def test_a_value_an_upstream_could_read_differently_is_a_400() -> None:
     plain = _view(config, [(b"x-user", b"alice")], query=b"user=alice&other=1&other=2")
     assert plain.read(Source("query", "user")) == b"alice"  # another name repeated is no one's business
     assert plain.read(Source("header", "host")) == b"gw"    # Host, parsed once, is readable
+    once = _view(config, [(b"x-request-id", b"r1")])
+    assert once.read(Source("header", "x-request-id")) == b"r1"
 
 
 def test_body_digest_is_bounded_and_tells_lengths_apart() -> None:

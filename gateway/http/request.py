@@ -132,8 +132,11 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
                 connection.append(value)
             elif name == b"upgrade":
                 upgrade = True
-            elif name == b"x-request-id" and request_id is None:
-                request_id = value
+            elif name == b"x-request-id":
+                if request_id is None:
+                    request_id = value
+                else:
+                    repeated.add(name)  # no identity reads it as one value
             continue
         if name in first:
             repeated.add(name)
