@@ -47,6 +47,11 @@ class ScriptRunner(Protocol):
         """The script's reply (a list of integers)."""
         ...
 
+    def failure_domain(self, key: str) -> int | None:
+        """What fails together with `key`'s server: None where one server holds every key, the
+        key's slot in a Cluster (so one dead primary opens only its slots' breakers)."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def delete(self, key: str) -> bool: ...
@@ -55,6 +60,7 @@ class ScriptRunner(Protocol):
 
 
 _OUTCOMES = tuple(Outcome)
+_SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
 
 
@@ -90,14 +96,27 @@ class Limiter:
         on_breaker: Callable[[BreakerState], None] | None = None,
     ) -> None:
         self.runner = runner
-        self.breaker = breaker or Breaker()
+        self.breaker = breaker or Breaker()  # the one of the default domain, and the others' model
+        self.breakers: dict[int, Breaker] = {}  # per failure domain (a Cluster slot)
         self.observe = observe
         self.on_breaker = on_breaker
         self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
-        return self.breaker.state
+        """The worst of the breakers: OPEN if any is open (some keys follow the failure policy)."""
+        if not self.breakers:
+            return self.breaker.state
+        return max([self.breaker.state, *(b.state for b in self.breakers.values())], key=_SEVERITY.__getitem__)
+
+    def _breaker_for(self, key: str | None) -> Breaker:
+        domain = None if key is None else self.runner.failure_domain(key)
+        if domain is None:
+            return self.breaker
+        found = self.breakers.get(domain)
+        if found is None:
+            found = self.breakers[domain] = Breaker(self.breaker.failures_to_open, self.breaker.open_for)
+        return found
 
     async def decide(
         self,
@@ -119,7 +138,8 @@ class Limiter:
             found = self.scripts[combination] = decision_script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
-        if not self.breaker.allow():
+        breaker = self._breaker_for(keys[0] if keys else None)
+        if not breaker.allow():
             raise BreakerOpen("Redis circuit breaker is open")
         started = time.perf_counter()
         try:
@@ -127,23 +147,27 @@ class Limiter:
         except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
-            if self.breaker.record_failure():
-                log.warning("Redis unavailable (%s): breaker open for %.1fs; routes follow their "
-                            "failure_mode until it answers again", exc, self.breaker.open_for)
+            if breaker.record_failure():
+                log.warning("Redis unavailable%s (%s): breaker open for %.1fs; routes follow their "
+                            "failure_mode until it answers again", self._where(breaker), exc, breaker.open_for)
                 if self.on_breaker:
-                    self.on_breaker(BreakerState.OPEN)
+                    self.on_breaker(self.breaker_state)
             raise
-        if self.breaker.state is not BreakerState.CLOSED:
-            log.warning("Redis answers again: breaker closed, limits apply")
-            self.breaker.record_success()
+        if breaker.state is not BreakerState.CLOSED:
+            log.warning("Redis answers again%s: breaker closed, limits apply", self._where(breaker))
+            breaker.record_success()
             if self.on_breaker:
-                self.on_breaker(BreakerState.CLOSED)
+                self.on_breaker(self.breaker_state)
         else:
-            self.breaker.record_success()
+            breaker.record_success()
         if self.observe:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
+
+    def _where(self, breaker: Breaker) -> str:
+        slot = next((d for d, b in self.breakers.items() if b is breaker), None)
+        return "" if slot is None else f" for cluster slot {slot}"
 
     # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
 

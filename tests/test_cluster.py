@@ -6,6 +6,7 @@ load); a dead primary fails its decisions only until its replica is promoted."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from redis.crc import key_slot
 from gateway.config import RedisSettings, Rule, Source
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
-from gateway.limiter import Limiter, rule_spec
+from gateway.limiter import Decision, Limiter, rule_spec
 from gateway.redis import ClusterRunner, make_runner
 from gateway.redis.connections import HiredisPacking
 from tests.support.cluster import RedisCluster
@@ -195,3 +196,56 @@ def test_ping_and_reset_reach_the_right_nodes(cluster: RedisCluster) -> None:
         return out
 
     assert asyncio.run(run()) == [(True, True, True)] * len(keys)
+
+
+def test_a_hung_primary_holds_back_only_its_own_slots(cluster: RedisCluster) -> None:
+    """One primary stops answering (SIGSTOP: a partition, a stalled disk). Decisions on its slots
+    fail within redis.timeout and then its slots' breakers open; decisions on the other primaries,
+    sent in the same batches, are answered and counted as ever: one node is not the whole
+    gateway's outage. When it answers again, so do its slots."""
+    run_id = uuid.uuid4().hex[:6]
+    keys: dict[int, str] = {}
+    for i in range(64):  # one key on each primary
+        key = state_key("rlgw", f"hung{i}-{run_id}", "stock", "~")
+        keys.setdefault(cluster.owner_of(key).port, key)
+        if len(keys) == 3:
+            break
+    victim = cluster.owner_of(next(iter(keys.values())))
+    hung, healthy = keys[victim.port], [k for port, k in keys.items() if port != victim.port]
+    rule = [rule_spec(Rule("stock", (), "quota", limit=1000))]
+
+    async def run() -> tuple[list[bool], list[str], str, bool]:
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=0.2)))
+        for key in keys.values():
+            assert (await limiter.decide(rule, [key], [1])).admitted
+        assert victim.process is not None
+        victim.process.send_signal(signal.SIGSTOP)
+        try:
+            admitted: list[bool] = []
+            failures: list[str] = []
+            for _ in range(limiter.breaker.failures_to_open + 3):
+                answers = await asyncio.gather(*(limiter.decide(rule, [k], [1]) for k in [hung, *healthy]),
+                                               return_exceptions=True)
+                failure = answers[0]
+                failures.append(failure.kind if isinstance(failure, RedisUnavailable) else repr(failure))
+                admitted += [isinstance(a, Decision) and a.admitted for a in answers[1:]]
+            state = limiter.breaker_state.name
+        finally:
+            victim.process.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        back = False
+        while not back and time.monotonic() < deadline:
+            try:
+                back = (await limiter.decide(rule, [hung], [1])).admitted
+            except RedisUnavailable:
+                await asyncio.sleep(0.1)
+        await limiter.close()
+        return admitted, failures, state, back
+
+    admitted, failures, state, back = asyncio.run(run())
+    assert all(admitted) and len(admitted) == 2 * (5 + 3), "the other primaries' decisions were answered"
+    assert failures[:5] == ["timeout"] * 5 and set(failures[5:]) == {"breaker_open"}, failures
+    assert state == "OPEN", "healthz and the metrics show an open breaker"
+    assert back, "the hung primary's slots answer again once it does"
+    for key in healthy:
+        assert cluster.client_for(key).get(key) == b"9", "each healthy decision counted once"

@@ -73,6 +73,10 @@ class Batcher:
         self._in_flight = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def failure_domain(self, key: str) -> int | None:
+        """One server (or one Sentinel-named primary) holds every key: one domain."""
+        return None
+
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> asyncio.Future[Any]:
         """Queue one EVALSHA; the future resolves to its reply. No coroutine frame per call."""
         loop = asyncio.get_running_loop()

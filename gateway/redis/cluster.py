@@ -67,6 +67,9 @@ class ClusterRunner(Batcher):
         self.redirects: Counter[str] = Counter()  # replies answered by sending again, by kind
         self._refresh: asyncio.Task[None] | None = None
 
+    def failure_domain(self, key: str) -> int | None:
+        return int(self.cluster.keyslot(key))
+
     async def _send(self, batch: list[Call]) -> None:
         cluster = self.cluster
         await cluster.initialize()  # reads the slot map the first time; after that, returns
@@ -100,40 +103,55 @@ class ClusterRunner(Batcher):
                 groups[node.name] = (node, [item])
             else:
                 group[1].append(item)
-        answers = await asyncio.gather(*(self._node_pipeline(node, items) for node, items in groups.values()))
-        for (_node, items), replies in zip(groups.values(), answers, strict=True):
-            for item, reply in zip(items, replies, strict=True):
-                if not isinstance(reply, rx.ResponseError):
-                    if isinstance(reply, REDIS_FAILURES):
-                        self._refresh_soon()  # the node may have gone: the calls after these find out
-                    item.call.settle(reply)
-                    continue
-                if isinstance(reply, rx.MovedError):  # (a subclass of AskError: first)
-                    await manager.move_slot(reply)
-                    item.ask = None
-                    kind = "moved"
-                elif isinstance(reply, rx.AskError):
-                    item.ask = self._node(reply.host, reply.port)
-                    kind = "ask"
-                elif isinstance(reply, rx.TryAgainError):
-                    pause = max(pause, TRYAGAIN_PAUSE)
-                    kind = "tryagain"
-                elif isinstance(reply, rx.ClusterDownError):
-                    refresh = True
-                    item.ask = None
-                    pause = REFRESH_PAUSE
-                    kind = "clusterdown"
-                elif isinstance(reply, rx.NoScriptError) and not item.reload:
-                    item.reload = True
-                    kind = "noscript"
-                else:
-                    item.call.settle(reply)
-                    continue
-                self.redirects[kind] += 1
-                again.append(item)
+        # each node's calls are settled as soon as that node answers: a node that hangs holds back
+        # only its own calls (until the batch's deadline), never those another node answered
+        for more, wait, reread in await asyncio.gather(*(self._node_round(node, items)
+                                                         for node, items in groups.values())):
+            again += more
+            pause = max(pause, wait)
+            refresh = refresh or reread
         if refresh:
             await manager.initialize()
         return again, pause
+
+    async def _node_round(self, node: ClusterNode, items: list[_Pending]) -> tuple[list[_Pending], float, bool]:
+        """Send `node` its calls once and settle what it answered; return those to send again, how
+        long to wait first, and whether to read the slot map again."""
+        manager = self.cluster.nodes_manager
+        replies = await self._node_pipeline(node, items)
+        again: list[_Pending] = []
+        pause = 0.0
+        refresh = False
+        for item, reply in zip(items, replies, strict=True):
+            if not isinstance(reply, rx.ResponseError):
+                if isinstance(reply, REDIS_FAILURES):
+                    self._refresh_soon()  # the node may have gone: the calls after these find out
+                item.call.settle(reply)
+                continue
+            if isinstance(reply, rx.MovedError):  # (a subclass of AskError: first)
+                await manager.move_slot(reply)
+                item.ask = None
+                kind = "moved"
+            elif isinstance(reply, rx.AskError):
+                item.ask = self._node(reply.host, reply.port)
+                kind = "ask"
+            elif isinstance(reply, rx.TryAgainError):
+                pause = max(pause, TRYAGAIN_PAUSE)
+                kind = "tryagain"
+            elif isinstance(reply, rx.ClusterDownError):
+                refresh = True
+                item.ask = None
+                pause = REFRESH_PAUSE
+                kind = "clusterdown"
+            elif isinstance(reply, rx.NoScriptError) and not item.reload:
+                item.reload = True
+                kind = "noscript"
+            else:
+                item.call.settle(reply)
+                continue
+            self.redirects[kind] += 1
+            again.append(item)
+        return again, pause, refresh
 
     async def _node_pipeline(self, node: ClusterNode, items: list[_Pending]) -> list[Any]:
         """One pipeline on one connection of `node`; a reply or an exception per item."""
