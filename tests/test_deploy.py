@@ -698,6 +698,23 @@ def test_installed_wheel_runs_the_cli(installed: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_the_runtime_dependencies_alone_run_every_module(installed: Path, tmp_path: Path) -> None:
+    """`make run` installs only `pip install -e .` (no dev tools): every gateway module, the example
+    backend included, imports with the runtime dependencies alone (the wheel's venv)."""
+    planned = subprocess.run(["make", "-n", "run", f"VENV={tmp_path / 'v'}"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+    assert "pip install -q -e .\n" in planned and "[dev]" not in planned
+    modules = sorted(f"gateway.{p.relative_to(ROOT / 'gateway').with_suffix('').as_posix().replace('/', '.')}"
+                     for p in (ROOT / "gateway").rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    env = clean_env(installed, tmp_path)
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint(len(sys.argv) - 1)"
+    imported = subprocess.run(["python", "-c", code, *modules], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert int(imported.stdout) == len(modules) and "gateway.example_backend" in modules
+
+
+@pytest.mark.timeout(600)
 def test_image_entry_command_serves_and_passes_its_healthcheck(installed: Path, tmp_path: Path) -> None:
     """ENTRYPOINT + CMD with the image's ENV (embedded Redis under TMPDIR); HEALTHCHECK; SIGTERM -> 0."""
     env = clean_env(installed, tmp_path)
