@@ -7,7 +7,9 @@ tests/test_cluster_shards.py.
 from __future__ import annotations
 
 import textwrap
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -16,8 +18,11 @@ from hypothesis import strategies as st
 
 from gateway.config import Rule, Source, keeps_full_limit, parse_config, shard_share
 from gateway.decision_script import rule_spec
-from gateway.keys import SLOTS, shard_of, shard_tags, slot, state_key
+from gateway.keys import SLOTS, rule_key, shard_of, shard_tags, slot, state_key
+from gateway.limiter import Decision
 from gateway.runtime import route_plan
+from tests.support.limiter_engine import T0, Engine, clocked_server
+from tests.support.redis_proc import binaries
 
 USER = (Source("header", "x-user-id"),)
 ITEM = (Source("path", "item"),)
@@ -133,3 +138,56 @@ def test_one_shard_plan_is_the_plan_of_before() -> None:
     assert plan.prefix_keys[2] == "rlgw:{sale}:stock:"
     assert plan.args == tuple(rule_spec(rule) for rule in config.routes[0].limits)
     assert plan.shard_args == (plan.args,)
+
+
+SPLIT = """
+version: 1
+routes:
+  - name: split
+    match: {path: "/split/{item}"}
+    shards: 4
+    limits:
+      - {name: user, by: [header:X-User-Id], algorithm: token_bucket, rate: 100/s, burst: 100}
+      - {name: global, by: [], algorithm: gcra, rate: 8/s, burst: 8}
+      - {name: item, by: ["path:item"], algorithm: fixed_window, limit: 12, window: 10s}
+"""
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    with clocked_server(binaries()["6.2"], tmp_path_factory.mktemp("clock")) as e:
+        yield e
+
+
+@pytest.mark.parametrize("refusing", ["global", "item"])
+def test_retry_after_is_honest_in_each_shard(engine: Engine, refusing: str) -> None:
+    """A split rule refuses from the request's own shard, and its retry_after_ms is that shard's:
+    the same request alone is refused 1 ms before it and admitted at it (Redis's clock moved)."""
+    text = SPLIT if refusing == "global" else SPLIT.replace("rate: 8/s, burst: 8", "rate: 800/s, burst: 800")
+    plan = route_plan(parse_config(textwrap.dedent(text), "routes.yaml", {}, proxy=False).routes[0],
+                      f"h{uuid.uuid4().hex[:6]}", None)
+    users: dict[int, bytes] = {}
+    n = 0
+    while len(users) < plan.shards:
+        name = f"user-{n}".encode()
+        users.setdefault(shard_of([name], plan.shards), name)
+        n += 1
+    t = T0 + 7_000_000_000
+
+    def decide(user: bytes, at: int) -> Decision:
+        engine.at(at)
+        shard = plan.shard_of([user])
+        prefixes = plan.shard_prefix_keys[shard]
+        keys = [rule_key(prefixes[0], [user]), rule_key(prefixes[1], []), rule_key(prefixes[2], [b"9"])]
+        return engine.loop.run_until_complete(engine.limiter.decide(plan.shard_args[shard], keys, [1, 1, 1]))
+
+    for shard, user in sorted(users.items()):
+        admitted = 0
+        while (first := decide(user, t)).admitted:
+            admitted += 1
+        assert admitted == (2 if refusing == "global" else 3), "each shard holds a quarter of the rule"
+        assert plan.route.limits[first.refused_by or 0].name == refusing and first.retry_after_ms
+        retry_us = first.retry_after_ms * 1000
+        assert not decide(user, t + retry_us - 1000).admitted, f"shard {shard}: admitted before its retry"
+        assert decide(user, t + retry_us).admitted, f"shard {shard}: refused at its retry"
+        t += 20_000_000  # the next shard starts after every window of this one
