@@ -87,6 +87,10 @@ def parse_reply(reply: list[int], layout: Layout, costs: Sequence[int | None]) -
     return Decision(False, by, None if retry < 0 else retry, 0, tuple(states))
 
 
+def _where(domain: int | None) -> str:
+    return "" if domain is None else f" for cluster slot {domain}"
+
+
 class Limiter:
     def __init__(
         self,
@@ -109,8 +113,7 @@ class Limiter:
             return self.breaker.state
         return max([self.breaker.state, *(b.state for b in self.breakers.values())], key=_SEVERITY.__getitem__)
 
-    def _breaker_for(self, key: str | None) -> Breaker:
-        domain = None if key is None else self.runner.failure_domain(key)
+    def _breaker_for(self, domain: int | None) -> Breaker:
         if domain is None:
             return self.breaker
         found = self.breakers.get(domain)
@@ -138,7 +141,8 @@ class Limiter:
             found = self.scripts[combination] = decision_script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
-        breaker = self._breaker_for(keys[0] if keys else None)
+        domain = self.runner.failure_domain(keys[0]) if keys else None
+        breaker = self._breaker_for(domain)
         if not breaker.allow():
             raise BreakerOpen("Redis circuit breaker is open")
         started = time.perf_counter()
@@ -149,12 +153,12 @@ class Limiter:
                 self.observe(time.perf_counter() - started, False)
             if breaker.record_failure():
                 log.warning("Redis unavailable%s (%s): breaker open for %.1fs; routes follow their "
-                            "failure_mode until it answers again", self._where(breaker), exc, breaker.open_for)
+                            "failure_mode until it answers again", _where(domain), exc, breaker.open_for)
                 if self.on_breaker:
                     self.on_breaker(self.breaker_state)
             raise
         if breaker.state is not BreakerState.CLOSED:
-            log.warning("Redis answers again%s: breaker closed, limits apply", self._where(breaker))
+            log.warning("Redis answers again%s: breaker closed, limits apply", _where(domain))
             breaker.record_success()
             if self.on_breaker:
                 self.on_breaker(self.breaker_state)
@@ -164,10 +168,6 @@ class Limiter:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
-
-    def _where(self, breaker: Breaker) -> str:
-        slot = next((d for d, b in self.breakers.items() if b is breaker), None)
-        return "" if slot is None else f" for cluster slot {slot}"
 
     # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
 
