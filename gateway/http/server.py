@@ -270,6 +270,7 @@ class HttpProtocol(asyncio.Protocol):
         self.head_complete = False    # past the head: any further field is a trailer
         self.parsed_head_bytes = 0    # name + value + 4 per field of the head being parsed
         self.expect_100 = False
+        self.codings: list[bytes] = []  # Transfer-Encoding values of the head being read
         # bounds and timeouts
         self.in_head = True           # between requests or inside a head: bytes count against the bound
         self.head_bytes = 0
@@ -385,6 +386,7 @@ class HttpProtocol(asyncio.Protocol):
         self.parsed_head_bytes = 0
         self.framing_bytes = 0
         self.expect_100 = False
+        self.codings = []
         self.in_head = True
         self.head_started = self.loop.time()
         self._arm()
@@ -407,6 +409,8 @@ class HttpProtocol(asyncio.Protocol):
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100 = True
+        elif name == b"transfer-encoding":
+            self.codings.append(value)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -420,7 +424,7 @@ class HttpProtocol(asyncio.Protocol):
         if method == b"CONNECT":  # its target is an authority, not a path: no tunnel through the gateway
             self._refuse(501, "Not Implemented", "CONNECT is not supported")
             raise httptools.HttpParserError("CONNECT")
-        codings = [value for name, value in self.headers if name == b"transfer-encoding"]
+        codings = self.codings
         if codings and b",".join(codings).rsplit(b",", 1)[-1].strip().lower() != b"chunked":
             # llhttp fails such a request right after this callback (its length is unknown); the
             # SPEC's answer, as nginx's, is a 501, and the app is never entered
