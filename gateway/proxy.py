@@ -106,13 +106,19 @@ class UpstreamClient:
         except httpx.TransportError as exc:
             raise UpstreamUnavailable(
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
+        status = response.status_code
+        stream = response.stream
+        if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
+            await send({"type": "http.response.start", "status": status,
+                        "headers": _response_headers(response, extra_response_headers)})
+            await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})
+            return Forwarded(status, aborted=False)
         try:
-            status = response.status_code
-            assert isinstance(response.stream, httpx.AsyncByteStream)
+            assert isinstance(stream, httpx.AsyncByteStream)
             await send({"type": "http.response.start", "status": status,
                         "headers": _response_headers(response, extra_response_headers)})
             try:
-                async for chunk in response.stream:
+                async for chunk in stream:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except httpx.TransportError:

@@ -135,6 +135,51 @@ def test_keep_alive_reuses_one_connection_and_passes_status_headers_body(transpo
     run(go())
 
 
+def test_a_body_still_arriving_is_passed_on_as_it_comes_and_a_whole_one_in_one_message(transport: str) -> None:
+    """A response that came whole with its head goes to the client as one body message; one whose
+    body is still arriving is streamed: its first part reaches the client before the rest exists."""
+    release = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst")
+        await writer.drain()
+        await release.wait()
+        writer.write(b"-last")
+        await read_request(reader)
+        writer.write(OK)
+
+    class Watching(Collected):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bodies: list[tuple[bytes, bool]] = []
+
+        async def __call__(self, message: MutableMapping[str, Any]) -> None:
+            await super().__call__(message)
+            if message["type"] == "http.response.body":
+                self.bodies.append((message.get("body", b""), message.get("more_body", False)))
+                release.set()  # the upstream sends the rest only once the first part is through
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(transport, server.url)
+            streamed = Watching()
+            request = Request(method="GET", path="/", raw_path=b"/", query=b"", peer="127.0.0.1", scheme="http",
+                              host=b"gw", forwarded_for=None, content_length=None, chunked=False, headers=[],
+                              first={}, repeated=frozenset())
+            forwarded = await asyncio.wait_for(pool.forward(request, None, streamed, [], b"rid"), 5)
+            assert forwarded.status == 200 and not forwarded.aborted
+            assert streamed.bodies[0] == (b"first", True) and streamed.body == b"first-last" and streamed.finished
+            whole = Watching()
+            await pool.forward(request, None, whole, [], b"rid")
+            if transport == "lean":
+                assert whole.bodies == [(b"ok", False)]
+            assert whole.body == b"ok" and whole.finished and server.connections == 1
+            await pool.close()
+
+    run(go())
+
+
 # httpcore cannot tell a kept-alive connection the upstream closed from a broken answer (both are a
 # RemoteProtocolError), so httpx's transport does not retry: this one is the lean transport's own.
 @pytest.mark.parametrize("transport", ["lean"])

@@ -38,6 +38,7 @@ READ_HIGH_WATER = 256 * 1024  # response bytes held for a slow client before the
 IDLE_TIMEOUT = 15.0           # an idle keep-alive connection is closed after this long unused
 MAX_HEAD_BYTES = 64 * 1024    # status line and header fields of one response
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_HTTP11 = {"http_version": b"HTTP/1.1"}
 
 
 class _Trailing(Exception):
@@ -467,12 +468,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     continue  # the upstream closed a kept-alive connection as we reused it: once more
                 raise
             break
-        return httpx.Response(
-            conn.status,
-            headers=conn.headers,
-            stream=_ResponseStream(pool, conn, sender),
-            extensions={"http_version": b"HTTP/1.1"},
-        )
+        if conn.complete and conn.error is None and (sender is None or sender.done()):
+            # The whole response came with its head (the common small answer): the connection goes
+            # back to the pool now, and the body is handed over in memory, as httpx.ByteStream.
+            status, headers = conn.status, conn.headers
+            body = conn.take_chunks() if conn.chunks else b""
+            pool.release(conn)
+            return httpx.Response(status, headers=headers, stream=httpx.ByteStream(body), extensions=_HTTP11)
+        return httpx.Response(conn.status, headers=conn.headers, stream=_ResponseStream(pool, conn, sender),
+                              extensions=_HTTP11)
 
     async def aclose(self) -> None:
         if self.pool is not None:
