@@ -1,7 +1,7 @@
 """The gateway as a Starlette application: match -> identity -> limiter -> forward | refuse.
 
 `build_app()` makes the application uvicorn serves: the admin app (gateway/admin.py) for requests
-that arrived on the admin socket, and the proxy endpoint, a pure ASGI callable mounted for the rest:
+that arrived on the admin socket, and the proxy endpoint, a pure ASGI callable routed the rest:
 `read_request` (gateway/http/request.py) checks and normalizes the request, the router picks the
 route, `judge` (gateway/guard.py) makes the one limiter call, and the upstream client
 (gateway/proxy.py) forwards what is admitted. The lifespan opens and closes the pools.
@@ -24,7 +24,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import URLPath
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Match, Mount, NoMatchFound
+from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import metrics
@@ -364,14 +364,35 @@ class AdminPort(BaseRoute):
         await self.app(scope, receive, send)
 
 
+class Proxied(BaseRoute):
+    """Every other HTTP request, to the proxy endpoint as it came: its path is matched by the
+    gateway's own router (gateway/match.py), so no prefix is split off and no path parameters are
+    added here, as a `Mount("")` would for each request."""
+
+    _FULL: tuple[Match, Scope] = (Match.FULL, {})
+    _NONE: tuple[Match, Scope] = (Match.NONE, {})
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return self._FULL if scope["type"] == "http" else self._NONE
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
 def build_app(settings: Settings, config: Config | None = None) -> Starlette:
     """The gateway's Starlette application: the admin app on the admin port, the proxy endpoint
-    (pure ASGI) mounted for everything else, pools opened and closed by the lifespan."""
+    (pure ASGI) for everything else, pools opened and closed by the lifespan."""
     gateway = Gateway(settings, config)
     app = Starlette(
         routes=[
             AdminPort(settings.admin_port, gateway.admin),
-            Mount("", app=gateway.proxy),
+            Proxied(gateway.proxy),
         ],
         lifespan=gateway.lifespan,
         exception_handlers={Exception: _internal_error},
