@@ -145,14 +145,19 @@ class UpstreamClient:
 
 
 def _response_headers(response: httpx.Response, extra: Headers) -> Headers:
-    raw = response.headers.raw
-    drop = HOP_BY_HOP
-    for name, value in raw:
-        if name.lower() == b"connection":
-            drop = drop | {t.strip().lower() for t in value.split(b",")}
+    out: Headers = []
+    named: set[bytes] = set()  # fields the upstream's Connection header makes hop-by-hop
+    for name, value in response.headers.raw:
+        name = name.lower()
+        if name in HOP_BY_HOP:
+            if name == b"connection":
+                named.update(token.strip().lower() for token in value.split(b","))
+            continue
+        out.append((name, value))
     if response.status_code == 204:
-        drop = drop | {b"content-length"}  # a 204 has no body, whatever the upstream says (RFC 9110 8.6)
-    out = [(name.lower(), value) for name, value in raw if name.lower() not in drop]
+        named.add(b"content-length")  # a 204 has no body, whatever the upstream says (RFC 9110 8.6)
+    if named:
+        out = [field for field in out if field[0] not in named]
     out.extend(extra)
     return out
 

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import SentinelManagedConnection, SentinelManagedSSLConnection
 from redis.connection import HiredisRespSerializer
+
+from gateway.redis.batch import EVALSHA
 
 _PACKER = HiredisRespSerializer()
 
 
 class HiredisPacking:
     def pack_command(self, *args: Any) -> list[bytes]:
+        if args[0] is EVALSHA:  # a decision (gateway/redis/batch.py): bytes, str and int only, as
+            return [hiredis.pack_command(args)]  # the serializer's own checks would leave them
         return _PACKER.pack(*args)  # type: ignore[no-any-return]
 
 
