@@ -41,11 +41,13 @@ REWRITTEN = frozenset({
 # Framing fields a Connection header may not remove: the gateway reads them itself.
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
 _NOT_FORWARDED = HOP_BY_HOP | REWRITTEN
+_NONE: frozenset[bytes] = frozenset()
 
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HOST = re.compile(rb"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+;=%-]*)(:[0-9]{1,5})?$")
 _ESCAPE_CHECK = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_SUSPECT = re.compile(rb"[%;\\]|/\.|//")  # what normalize_path has to decode, remove or refuse
 
 
 @dataclass(slots=True)
@@ -192,7 +194,9 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
 
     raw_path = normalize_path(raw_target)
     try:
-        path = unquote(raw_path.decode("ascii"), errors="strict") if b"%" in raw_path else raw_path.decode("ascii")
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path, errors="strict")
     except UnicodeError:
         raise BadRequest("the path is not valid UTF-8 once decoded") from None
     client = scope.get("client")
@@ -209,10 +213,11 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         chunked=chunked,
         headers=headers,
         first=first,
-        repeated=frozenset(repeated),
+        repeated=frozenset(repeated) if repeated else _NONE,
         request_id=request_id,
-        dropped=frozenset(dropped),
-        underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n),
+        dropped=frozenset(dropped) if dropped else _NONE,
+        # one search of all the names: `bytes in bytes` costs ~150 ns a time on CPython 3.11
+        underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n) if b"_" in b"".join(first) else _NONE,
     )
 
 
@@ -220,14 +225,14 @@ def normalize_path(raw: bytes) -> bytes:
     """RFC 3986 normalization of an origin-form path, strict about what could be read two ways:
     escapes of unreserved characters decoded, dot segments removed, runs of `/` merged. An
     encoded `/`, `\\` or NUL, a literal `\\`, a malformed escape, or `..` above the root is a 400."""
+    if raw.startswith(b"/") and not _SUSPECT.search(raw):
+        return raw  # nothing to normalize or refuse: the common case, in one search
     if not raw.startswith(b"/"):
         raise BadRequest("the request target must be a path starting with /")
     if b";" in raw:
         # servlet containers read `;params` and `..;` as path parameters: refused, as Spring's
         # StrictHttpFirewall does, so no upstream can serve another path than the one matched
         raise BadRequest("a ';' in the path is ambiguous")
-    if b"%" not in raw and b"/." not in raw and b"//" not in raw and b"\\" not in raw:
-        return raw  # nothing to normalize: the common case
     if b"\\" in raw:
         raise BadRequest("a backslash in the path is ambiguous")
     if b"%" in raw:
