@@ -5,7 +5,8 @@ client CPU (process time) per request, 50 requests in flight where there is I/O.
     .venv/bin/python bench/libraries.py [--requests 20000]
 
 1. the application frame: a pure ASGI endpoint called directly, then through the gateway's
-   Starlette application (AdminPort route + Mount, Starlette's middleware stack);
+   Starlette application (AdminPort and Proxied routes, Starlette's middleware stack), and with
+   a `Mount("")` in place of the Proxied route, as the gateway had it before;
 2. httpx's models: one httpx.Request (the gateway's forwarded head) and one httpx.Response;
 3. the upstream transport, against a local nginx answering `return 200 "ok"`: LeanTransport vs
    httpx's AsyncHTTPTransport (HTTP/1.1), both through httpx.Request/Response, and
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run import Processes, free_port, start_nginx, upstream_server
 
-from gateway.app import AdminPort
+from gateway.app import AdminPort, Proxied
 from gateway.config import Upstream
 from gateway.http.transport import LeanTransport
 
@@ -62,7 +63,8 @@ def frame(n: int) -> dict[str, float]:
                   "root_path": "", "query_string": b"", "headers": HEADERS, "server": ("127.0.0.1", 8080),
                   "client": ("127.0.0.1", 5000), "scheme": "http", "http_version": "1.1",
                   "asgi": {"version": "3.0"}}
-    app = Starlette(routes=[AdminPort(9090, _endpoint), Mount("", app=_endpoint)])
+    app = Starlette(routes=[AdminPort(9090, _endpoint), Proxied(_endpoint)])
+    mounted = Starlette(routes=[AdminPort(9090, _endpoint), Mount("", app=_endpoint)])
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -78,8 +80,9 @@ def frame(n: int) -> dict[str, float]:
 
     plain = cpu_per_call(n, loop(_endpoint))
     starlette = cpu_per_call(n, loop(app))
-    return {"pure ASGI endpoint": plain, "Starlette app (AdminPort + Mount)": starlette,
-            "Starlette frame, added": starlette - plain}
+    mount = cpu_per_call(n, loop(mounted))
+    return {"pure ASGI endpoint": plain, "Starlette app (AdminPort + Proxied)": starlette,
+            "Starlette frame, added": starlette - plain, "Starlette app (AdminPort + Mount)": mount}
 
 
 def matching(n: int) -> dict[str, float]:

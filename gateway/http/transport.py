@@ -471,6 +471,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if conn.complete and conn.error is None and (sender is None or sender.done()):
             # The whole response came with its head (the common small answer): the connection goes
             # back to the pool now, and the body is handed over in memory, as httpx.ByteStream.
+            if sender is not None and not sender.cancelled():
+                sender.exception()  # a body that failed after the whole answer came only ends the connection
             status, headers = conn.status, conn.headers
             body = conn.take_chunks() if conn.chunks else b""
             pool.release(conn)
