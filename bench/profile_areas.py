@@ -28,7 +28,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "gateway/http/transport.py", "httpcore/", "h11/", "h2/",
     )),
     ("forwarding (gateway/proxy.py)", ("gateway/proxy.py",)),
-    ("Starlette (application, router, Mount, middleware)", ("starlette/",)),
+    ("Starlette (application, middleware, router and its routes)", ("starlette/",)),
     ("server protocol (gateway/http/server.py on httptools; uvicorn)", (
         "uvicorn/", "httptools/", "gateway/http/server.py",
     )),
