@@ -32,7 +32,10 @@ def compile_template(template: str) -> re.Pattern[str]:
         last = m.end()
     out.append(re.escape(template[last:]))
     slash = "" if template == "/" else "/?"
-    return re.compile("^" + "".join(out) + slash + "$")
+    # \Z, not $ (which also matches before a final newline), and DOTALL so that `path` takes any
+    # character: a template matches the whole path or nothing (read_request refuses encoded
+    # control characters anyway; the middleware's app may see what another server decoded)
+    return re.compile("^" + "".join(out) + slash + r"\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,14 @@ def test_one_trailing_slash_is_the_same_resource() -> None:
     root = Router([route("root", "/", frozenset({"GET"}))])
     assert root.match("GET", "", "/") is not None
     assert root.match("GET", "", "//") is None
+
+
+def test_a_template_matches_the_whole_path_whatever_its_characters() -> None:
+    # a newline is a character like any other: `path` takes it, and no template matches a path
+    # that only begins like it (Python's `$` would also match before a final newline)
+    strict = Router([route("files", "/files/{rest:path}", frozenset({"GET"})), route("one", "/x/{id}"),
+                     route("exact", "/health.json")])
+    assert strict.match("GET", "", "/files/a\nb") == (strict.routes[0].route, {"rest": "a\nb"})
+    assert strict.match("GET", "", "/health.json\n") is None
+    assert strict.match("GET", "", "/x/7\n") == (strict.routes[1].route, {"id": "7\n"})
+    assert strict.allowed_methods("", "/files/a\nb") == {"GET"}

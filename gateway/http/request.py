@@ -7,8 +7,8 @@ upstream could read differently from the gateway (SPEC section 4, "Framing and h
   a transfer-coding other than chunked: 501; an Upgrade (WebSocket, h2c) or CONNECT: 501;
 - no Host on HTTP/1.1, more than one Host, or a Host that is not a host: 400;
 - a head larger than `max_head_bytes`, whatever the server protocol buffered: 431;
-- a target that is not a path, an encoded `/` or `\\` or NUL, a bad percent-escape, or a path that
-  climbs above the root: 400.
+- a target that is not a path, an encoded `/` or `\\` or control character (NUL, CR, LF, ...), a
+  bad percent-escape, or a path that climbs above the root: 400.
 
 What passes is the request both the limiter and the upstream see: headers named in `Connection`
 and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines joined into one
@@ -47,6 +47,7 @@ _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HOST = re.compile(rb"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+;=%-]*)(:[0-9]{1,5})?$")
 _ESCAPE_CHECK = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_CONTROL_ESCAPE = re.compile(rb"%(?:[01][0-9A-Fa-f]|7[Ff])")
 _SUSPECT = re.compile(rb"[%;\\]|/\.|//")  # what normalize_path has to decode, remove or refuse
 
 
@@ -224,7 +225,8 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
 def normalize_path(raw: bytes) -> bytes:
     """RFC 3986 normalization of an origin-form path, strict about what could be read two ways:
     escapes of unreserved characters decoded, dot segments removed, runs of `/` merged. An
-    encoded `/`, `\\` or NUL, a literal `\\`, a malformed escape, or `..` above the root is a 400."""
+    encoded `/` or `\\` or control character, a literal `\\`, a malformed escape, or `..` above the
+    root is a 400."""
     if raw.startswith(b"/") and not _SUSPECT.search(raw):
         return raw  # nothing to normalize or refuse: the common case, in one search
     if not raw.startswith(b"/"):
@@ -239,9 +241,14 @@ def normalize_path(raw: bytes) -> bytes:
         if _ESCAPE_CHECK.search(raw):
             raise BadRequest("the path has a malformed percent-escape")
         raw = _ESCAPE.sub(_decode_unreserved, raw)
+        if _CONTROL_ESCAPE.search(raw):
+            # CR, LF, NUL and the rest: a path is never a place for them, and an upstream that
+            # logs it or echoes it into a header (a Location) would read a line break (as Spring's
+            # StrictHttpFirewall refuses them)
+            raise BadRequest("an encoded control character (NUL, TAB, CR, LF, ...) in the path is refused")
         lowered = raw.lower()
-        if b"%2f" in lowered or b"%5c" in lowered or b"%00" in lowered or b"%3b" in lowered:
-            raise BadRequest("an encoded '/', '\\', ';' or NUL in the path is ambiguous")
+        if b"%2f" in lowered or b"%5c" in lowered or b"%3b" in lowered:
+            raise BadRequest("an encoded '/', '\\' or ';' in the path is ambiguous")
     segments = raw.split(b"/")[1:]
     out: list[bytes] = []
     for segment in segments:

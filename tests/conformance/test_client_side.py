@@ -124,6 +124,7 @@ CASES = [
     Case("encoded-slash", req("GET", "/open/x/..%2fadmin/a"), 400),
     Case("encoded-backslash", req("GET", "/open/a%5Cb"), 400),
     Case("encoded-nul", req("GET", "/open/a%00b"), 400),
+    Case("encoded-newline", req("GET", "/open/a%0D%0Ab"), 400),  # never a line break in an upstream's log or Location
     Case("bad-escape", req("GET", "/open/a%zzb"), 400),
     Case("above-root", req("GET", "/open/../../a"), 400),
     Case("semicolon-dot-dot", req("GET", "/open/x/..;/admin/c"), 400),   # servlets read `..;` as `..`
