@@ -130,6 +130,7 @@ def test_a_request_refused_for_its_framing_is_neither_forwarded_nor_counted(
         check_refused_first(name, gateway, logging_upstream)
     except AssertionError:
         if weaker:
+            logging_upstream.quiet()  # nothing of this case may land in the next one's window
             pytest.xfail("uvicorn's protocol enters the app before the parser refuses the body")
         raise
     assert not weaker, f"uvicorn's protocol now passes {name}: update UVICORN_COUNTS and docs/security.md"

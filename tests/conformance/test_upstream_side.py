@@ -85,6 +85,7 @@ def test_upstream_side(script: Script, gateway: Deployed, logging_upstream: Logg
         check_script(script, gateway, logging_upstream)
     except AssertionError:
         if weaker:
+            logging_upstream.quiet()  # nothing of this case may land in the next one's window
             pytest.xfail(weaker)
         raise
     assert weaker is None, f"httpx's transport now passes {script.id}: update HTTPX_WEAKER and docs/security.md"

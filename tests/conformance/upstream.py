@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,21 @@ class LoggingUpstream:
     def since(self, mark: int) -> list[Received]:
         with self._lock:
             return list(self.received[mark:])
+
+    def quiet(self, for_seconds: float = 0.3, longest: float = 5.0) -> None:
+        """Wait until no request has arrived for `for_seconds`. After a case a weaker protocol
+        failed: it may have answered the client while a request of that case was still being
+        forwarded, which would otherwise land in the next case's window."""
+        deadline = time.monotonic() + longest
+        seen = self.mark()
+        quiet_since = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.mark()
+            if now != seen:
+                seen, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= for_seconds:
+                return
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
