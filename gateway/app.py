@@ -343,46 +343,45 @@ def _account(runtime: Runtime, scope: Scope, request_id: bytes, route_name: str,
 # --- the application --------------------------------------------------------------------------
 
 
-class AdminPort(BaseRoute):
-    """Routes a request to the admin app when it arrived on the admin socket: the two share the
-    process, never the port."""
-
-    def __init__(self, port: int, app: ASGIApp) -> None:
-        self.port = port
-        self.app = app
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        server = scope.get("server")
-        if scope["type"] == "http" and server is not None and server[1] == self.port:
-            return Match.FULL, {}
-        return Match.NONE, {}
-
-    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
-        raise NoMatchFound(name, path_params)
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
-
-
-class Proxied(BaseRoute):
-    """Every other HTTP request, to the proxy endpoint as it came: its path is matched by the
-    gateway's own router (gateway/match.py), so no prefix is split off and no path parameters are
-    added here, as a `Mount("")` would for each request."""
-
-    _FULL: tuple[Match, Scope] = (Match.FULL, {})
-    _NONE: tuple[Match, Scope] = (Match.NONE, {})
+class _Endpoint(BaseRoute):
+    """A route to one ASGI app, matched by something other than a path template; never reversed."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        return self._FULL if scope["type"] == "http" else self._NONE
-
     def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
         raise NoMatchFound(name, path_params)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+
+_FULL: tuple[Match, Scope] = (Match.FULL, {})
+_NONE: tuple[Match, Scope] = (Match.NONE, {})
+
+
+class AdminPort(_Endpoint):
+    """Routes a request to the admin app when it arrived on the admin socket: the two share the
+    process, never the port."""
+
+    def __init__(self, port: int, app: ASGIApp) -> None:
+        super().__init__(app)
+        self.port = port
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        server = scope.get("server")
+        if scope["type"] == "http" and server is not None and server[1] == self.port:
+            return _FULL
+        return _NONE
+
+
+class Proxied(_Endpoint):
+    """Every other HTTP request, to the proxy endpoint as it came: its path is matched by the
+    gateway's own router (gateway/match.py), so no prefix is split off and no path parameters are
+    added here, as a `Mount("")` would for each request."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return _FULL if scope["type"] == "http" else _NONE
 
 
 def build_app(settings: Settings, config: Config | None = None) -> Starlette:

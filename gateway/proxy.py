@@ -108,15 +108,15 @@ class UpstreamClient:
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
         stream = response.stream
+        start = {"type": "http.response.start", "status": status,
+                 "headers": _response_headers(response, extra_response_headers)}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
-            await send({"type": "http.response.start", "status": status,
-                        "headers": _response_headers(response, extra_response_headers)})
+            await send(start)
             await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})
             return Forwarded(status, aborted=False)
         try:
             assert isinstance(stream, httpx.AsyncByteStream)
-            await send({"type": "http.response.start", "status": status,
-                        "headers": _response_headers(response, extra_response_headers)})
+            await send(start)
             try:
                 async for chunk in stream:
                     if chunk:

@@ -433,7 +433,7 @@ class HttpProtocol(asyncio.Protocol):
             raise httptools.HttpParserError("transfer-coding")
         parsed = httptools.parse_url(self.url)
         if parsed.host:
-            self._absolute_form(parsed)
+            self._absolute_form(parsed, version)
         raw_path: bytes = parsed.path or b"/"
         path = raw_path.decode("ascii")
         if "%" in path:
@@ -453,7 +453,7 @@ class HttpProtocol(asyncio.Protocol):
             self._pause_reading()
             self.pipeline.append(exchange)
 
-    def _absolute_form(self, parsed: Any) -> None:
+    def _absolute_form(self, parsed: Any, version: str) -> None:
         """`GET http://host/path`: the target's authority is the request's host (RFC 9112 3.2.2, and
         nginx's $host), so it replaces the value of every Host line. The Host lines are still
         required on HTTP/1.1 and counted (none or two: 400, as nginx), and the authority is checked
@@ -467,7 +467,7 @@ class HttpProtocol(asyncio.Protocol):
             authority += b":%d" % parsed.port
         if any(name == b"host" for name, _ in self.headers):
             self.headers = [(name, authority if name == b"host" else value) for name, value in self.headers]
-        elif self.parser.get_http_version() == "1.0":  # no Host needed: the authority is the one
+        elif version == "1.0":  # no Host needed: the authority is the one
             self.headers.append((b"host", authority))
 
     def on_body(self, body: bytes) -> None:
