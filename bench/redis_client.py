@@ -7,6 +7,7 @@ lone decision (1 in flight) and decisions under load (50 in flight).
     .venv/bin/python bench/redis_client.py --in-flight 1 --modes pipeline,batched
     .venv/bin/python bench/redis_client.py --loop asyncio --decisions 50000
     .venv/bin/python bench/redis_client.py --cluster            # a 3-primary Redis Cluster instead
+    .venv/bin/python bench/redis_client.py --seam               # the installed redis-py's ways to call
 
 Each mode runs `--decisions` 3-rule decisions (bench/engine.py's route: token_bucket per user,
 sliding_window and quota per item) with `--in-flight` of them in flight all the time, against a
@@ -24,6 +25,10 @@ not in it (bench/engine.py measures that).
 
 The host is shared: for the old path against the new one, alternate runs of the two modes
 (`--modes pipeline,batched --repeat 3`) and compare the pairs.
+
+--seam: CPU per lone EVALSHA of `return 1` (5,000 in turn, uvloop) through the installed redis-py's
+client API, its `Connection` (send_packed_command + read_response) with and without a socket
+timeout, and its parser alone; to choose a version, run it in a venv of each, alternating.
 """
 
 from __future__ import annotations
@@ -122,6 +127,52 @@ async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int
     return out
 
 
+async def seam(url: str, count: int) -> dict[str, float]:
+    import hiredis
+    from redis.asyncio.connection import Connection
+
+    client = Redis.from_url(url)
+    sha = await client.script_load("return 1")
+    packed = hiredis.pack_command(cast(Any, (b"EVALSHA", sha.encode(), 0)))
+    port = int(url.rsplit(":", 1)[1])
+    # Any: redis-py leaves connect() and the stream writer and parser unannotated
+    timed: Any = Connection(port=port, socket_timeout=5.0)
+    bare: Any = Connection(port=port, socket_timeout=None)
+    await timed.connect()
+    await bare.connect()
+
+    async def api() -> None:
+        await client.evalsha(sha, 0)
+
+    async def connection_timed() -> None:
+        await timed.send_packed_command(packed, check_health=False)
+        await timed.read_response()
+
+    async def connection() -> None:
+        await bare.send_packed_command(packed, check_health=False)
+        await bare.read_response()
+
+    async def parser() -> None:
+        bare._writer.write(packed)
+        await bare._parser.read_response()
+
+    out: dict[str, float] = {}
+    ways: dict[str, Callable[[], Awaitable[None]]] = {
+        "client API": api, "Connection, socket_timeout 5 s": connection_timed,
+        "Connection, socket_timeout None": connection, "its parser alone": parser}
+    for name, way in ways.items():
+        for _ in range(500):
+            await way()
+        started = time.process_time()
+        for _ in range(count):
+            await way()
+        out[name] = (time.process_time() - started) / count * 1e6
+    await client.aclose()
+    await timed.disconnect()
+    await bare.disconnect()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decisions", type=int, default=20_000)
@@ -131,6 +182,7 @@ def main() -> None:
     parser.add_argument("--modes", default="unbatched,pipeline,batched,limiter")
     parser.add_argument("--repeat", type=int, default=1, help="run the list of modes this many times, in turn")
     parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three primaries")
+    parser.add_argument("--seam", action="store_true", help="lone calls through redis-py's API, Connection, parser")
     args = parser.parse_args()
     servers = RedisCluster() if args.cluster else RedisProcess()
     servers.start()
@@ -143,6 +195,14 @@ def main() -> None:
                 os.sched_setaffinity(proc.process.pid, {cores[-1]})
         os.sched_setaffinity(0, set(cores[:-1]))
     try:
+        if args.seam:
+            import redis
+            import uvloop
+
+            found = uvloop.run(seam(url, 5000))
+            print(f"| redis-py {redis.__version__}, CPU per lone EVALSHA, µs | "
+                  + " | ".join(f"{k}: {v:.1f}" for k, v in found.items()) + " |")
+            return
         where = "Cluster" if args.cluster else "one server"
         print(f"| client CPU per decision ({where}, {args.loop}), µs | in flight | median | least | rounds |")
         print("| --- | ---: | ---: | ---: | --- |")
