@@ -494,7 +494,7 @@ def low_load(running: Running, label: str, prefix: str, connections: list[int], 
     if running.metrics_url:  # the gateway: both routes under the main load too, for the decision's own CPU
         loads.append(Load(main_load.threads, main_load.connections, duration, min(1.0, duration)))
     for load in loads:
-        wait_quiet(0.3, longest=10)
+        wait_quiet(0.3, longest=5)
         r = measure(Running(at, running.process), load, shared, redis_port)
         out[str(load.connections)] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "rps": r["rps"],
                                       "cpu_us_per_request": r["proxy_cpu_us_per_request"],
