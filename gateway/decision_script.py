@@ -125,20 +125,19 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
     if algorithm in ("fixed_window", "quota"):
         return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
     if algorithm == "sliding_window":
-        split = modulus = 1
-        exact = "true"
+        digits = 1
         if p1 < 2**24:
-            digits = len(str((p1 + 1) ** 2 - 1))  # of the largest current * (limit + 1) + previous
-            split, modulus = 1 + digits, 10 ** (18 - digits)
-            pack = f"fmt('1%0{digits}d%0{18 - digits}d', c * {p1 + 1} + prev, wid % {modulus}), last_ms"
-            exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
+            most = 2 * p1  # the largest current + previous: cantor() below that many digits
+            digits = min(8, 18 - len(str(most * (most + 1) // 2 + p1)))
+            pack = (f"fmt('{digits}%0{18 - digits}d%0{digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
+                    f"wid % {10 ** digits}), last_ms")
         else:
             pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
         # floats lose exactness past 2^52: a retry rounded up by their step stays honest
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
-            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
-            exact=exact, base=p1 + 1)
+            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, digits=digits,
+            modulus=10**digits, exact_span=EXACT_SPAN_US)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
 

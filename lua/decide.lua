@@ -22,10 +22,11 @@
 -- writes only if every enforced rule admits. State, one key per rule and identity, every key with
 -- a TTL but a quota's without period:
 --   fixed_window, quota   the count; expires at the last millisecond of its window (period)
---   sliding_window        one 19-digit integer: '1', current * (limit + 1) + previous in a digits,
---                         the window number mod 10^d in d digits (a + d = 18: below 2^63, so Redis
---                         keeps it as an integer); "window:current:previous" when limit >= 2^24;
---                         expires with the next window
+--   sliding_window        one 19-digit integer: d (1..8), cantor(current, previous) in 18 - d
+--                         digits, the window number mod 10^d in d digits (below 2^63: Redis keeps
+--                         it as an integer; d is the most the rule's limit leaves room for, and
+--                         any rule reads any d: a changed limit keeps the counts);
+--                         "window:current:previous" when limit >= 2^24; expires with the next window
 --   sliding_log           sorted set, one member per admitted unit, scored by its time
 --   token_bucket, gcra    the time the bucket is full again (theoretical arrival time), in µs; the
 --                         key expires then. (Before, on Redis 7, the value held only the rest below
@@ -190,26 +191,25 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
   local rel, sc, sp, exact = nil, 0, 0, true
   if v then
-    if #v == 19 and string.byte(v) == 49 then   -- '1', the counts' pair, the window number
-      local pair, lo = tonumber(string.sub(v, 2, @split)), tonumber(string.sub(v, @split + 1))
-      if pair and lo then
-        sp = pair % @base
-        sc = (pair - sp) / @base
-        rel, exact = (wid - lo) % @modulus, @exact
+    -- 19 digits: d (1..8), the counts' pair in 18 - d digits, the window number mod 10^d in d
+    local d, num, lo = #v == 19 and string.byte(v) - 48
+    if d and d >= 1 and d <= 8 then
+      num, lo = tonumber(string.sub(v, 2, 19 - d)), tonumber(string.sub(v, 20 - d))
+      if num and lo and num >= 0 and lo >= 0 and num % 1 == 0 and lo % 1 == 0 then
+        local m = d == @digits and @modulus or 10 ^ d   -- (written by this rule, or before a change)
+        rel, exact = (wid - lo) % m, m * @window >= @exact_span
+      else
+        num = nil
       end
-    else
-      local num = tonumber(v)
+    end
+    if not rel then
+      num = tonumber(v)
       if num and not (num >= 0 and num < 9e15 and num % 1 == 0) then
-        -- not ours (nan, negative, fractional): as absent
+        num = nil                      -- not ours (nan, negative, fractional): as absent
       elseif num then                  -- the earlier format: cantor(current, previous) * 4 + wid mod 4
         local w4 = num % 4
         num = (num - w4) / 4
         rel, exact = (wid - w4) % 4, false
-        local s = floor((sqrt(8 * num + 1) - 1) / 2)
-        while s * (s + 1) / 2 > num do s = s - 1 end
-        while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
-        sp = num - s * (s + 1) / 2
-        sc = s - sp
       else
         local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
         if sw then
@@ -218,10 +218,17 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
         end
       end
     end
+    if num then                        -- cantor(current, previous): the pair, whatever the limit
+      local s = floor((sqrt(8 * num + 1) - 1) / 2)
+      while s * (s + 1) / 2 > num do s = s - 1 end
+      while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
+      sp = num - s * (s + 1) / 2
+      sc = s - sp
+    end
   end
-  -- Not exact: the window number is kept modulo a number of windows shorter than a day
-  -- (@modulus), and a state written a multiple of that ahead (less one: rel 1) looks current
-  -- (or last): its expiry, beyond the next window's end, tells. Asked where it changes the
+  -- Not exact: the window number is kept modulo a number of windows (10^d) shorter than a day,
+  -- and a state written a multiple of that ahead (less one: rel 1) looks current (or last): its
+  -- expiry, beyond the next window's end, tells. Asked where it changes the
   -- answer: a last window's count, a previous count weighted now, or (below) a refusal that could
   -- wedge the key.
   local future, checked = rel ~= nil and rel >= 2, exact

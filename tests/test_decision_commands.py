@@ -96,3 +96,22 @@ def _emptied_in_the_earlier_format_stays_empty(proc: RedisProcess) -> None:
     full_at_ms = seconds * 1000 + micros // 1000 + 5_000  # five requests taken: full again in 5 s
     client.set(key, "250", pxat=full_at_ms)
     assert _decide(proc.url, [rule_spec(rule)], [key], 1) == [False]
+
+
+def test_a_sliding_window_keeps_its_counts_when_its_limit_changes(redis_proc: RedisProcess) -> None:
+    """How a sliding window's value is laid out depends on its limit; a reload that changes the limit
+    still reads the counts already taken."""
+    key = state_key("rlgw", uuid.uuid4().hex[:8], "r", "~")
+    small = rule_spec(Rule("r", (), "sliding_window", limit=100, window=86400.0))
+    big = rule_spec(Rule("r", (), "sliding_window", limit=1_000_000, window=86400.0))
+
+    async def main() -> tuple[int, int]:
+        limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=2.0)))
+        assert (await limiter.decide([small], [key], [30])).admitted
+        raised = (await limiter.decide([big], [key], [0], peek=True)).rules[0].remaining
+        assert (await limiter.decide([big], [key], [70])).admitted
+        lowered = (await limiter.decide([small], [key], [0], peek=True)).rules[0].remaining
+        await limiter.close()
+        return raised, lowered
+
+    assert asyncio.run(main()) == (1_000_000 - 30, 0)
