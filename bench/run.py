@@ -797,10 +797,16 @@ def low_load_markdown(report: dict[str, Any]) -> list[str]:
                          f"{r['p50_ms'] * 1000:.0f} | {r['p99_ms'] * 1000:.0f} | {r['cpu_us_per_request']:.0f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     main = str(report["load"]["connections"])
+    lines.append("")
     for label, rows in low.items():
         if main in rows:
-            lines += ["", f"- {label} at {main} connections: {rows[main]['cpu_us_per_request']:.0f} µs CPU/request, "
-                      f"{rows[main]['rps']:,.0f} requests/s."]
+            lines.append(f"- {label} at {main} connections: {rows[main]['cpu_us_per_request']:.0f} µs CPU/request, "
+                         f"{rows[main]['rps']:,.0f} requests/s.")
+    for r in report.get("ratios", {}).values():
+        if "lone_us" in r:
+            lines.append(f"- a decision's own worker CPU (3-rule route minus no-limit route, per request): "
+                         f"{r['lone_us']:.0f} µs alone (1 connection), {r['batched_us']:.0f} µs batched "
+                         f"({main} connections).")
     return lines
 
 
