@@ -31,7 +31,7 @@ from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
 
-BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
 TRANSPORTS = ("lean", "httpx")
 
 
@@ -40,7 +40,7 @@ class ClientDisconnected(Exception):
 
 
 class ClientTooSlow(ClientDisconnected):
-    """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
+    """The client sent nothing of its body for the body timeout."""
 
 
 class Forwarded(NamedTuple):
@@ -179,10 +179,11 @@ class RequestBody(httpx.AsyncByteStream):
     error, so the caller answers for the client (408/499), not the upstream.
     """
 
-    def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:
+    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = BODY_CHUNK_TIMEOUT) -> None:
         self.prefix = prefix
         self.more = more
         self.receive = receive
+        self.timeout = timeout  # the longest the client may pause its body
         self.failure: ClientDisconnected | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -191,7 +192,7 @@ class RequestBody(httpx.AsyncByteStream):
         more = self.more
         while more:
             try:
-                message = await asyncio.wait_for(self.receive(), BODY_CHUNK_TIMEOUT)
+                message = await asyncio.wait_for(self.receive(), self.timeout)
             except TimeoutError:
                 self.failure = ClientTooSlow()
                 raise self.failure from None

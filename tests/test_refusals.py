@@ -1,7 +1,7 @@
 """Refusals from memory (gateway/refusals.py, issue 13), against real Redis and real gateways.
 
 1. A property: the same requests at the same moments get the same answers through the cache
-   (LocalRefusals.decide, as gateway/guard.py calls it) as the models (tests/support/
+   (LocalRefusals.decide, as gateway/pipeline.py calls it) as the models (tests/support/
    limiter_models.py) give without it, for every algorithm, alone and in routes of several rules;
    an answer from memory is the model's refusal (its rule, remaining, and a retry and reset that
    count down, at most 1 ms above the model's).
