@@ -445,6 +445,8 @@ def gateway_outcomes(metrics_url: str) -> dict[str, float]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
             key = labels.get("outcome", "?")
             out[key] = out.get(key, 0.0) + float(m.group(2))
+            if labels.get("decided_by") == "memory":  # refusals answered from the worker's memory
+                out["refused_locally"] = out.get("refused_locally", 0.0) + float(m.group(2))
         m = re.match(r'gateway_rule_decisions_total\{([^}]*)\} (\S+)', line)
         if m and 'outcome="refused"' in m.group(1):
             out["rule_refusals"] = out.get("rule_refusals", 0.0) + float(m.group(2))

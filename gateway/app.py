@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.accounting import Accounting
 from gateway.admin import admin_app
 from gateway.config import Config
 from gateway.endpoint import ProxyEndpoint
@@ -37,7 +38,7 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
     """The gateway's application; `transport` "httpx" is for the comparison in tests and bench only."""
     lifecycle = Lifecycle(settings, config, transport)
     endpoint = ProxyEndpoint(lifecycle.current, Limits(settings.max_head_bytes, settings.body_timeout),
-                             settings.admin_port)
+                             settings.admin_port, Accounting(lifecycle.top))
     app = Starlette(
         routes=[AdminPort(settings.admin_port, admin_app(lifecycle)), Proxied(endpoint)],
         lifespan=lifecycle.lifespan,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from gateway import metrics
-from gateway.accounting import account
+from gateway.accounting import Accounting
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
 from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
@@ -26,9 +26,11 @@ Reply = tuple[int, Headers, bytes]
 
 
 class ProxyEndpoint:
-    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, admin_port: int) -> None:
+    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, admin_port: int,
+                 accounting: Accounting) -> None:
         self.current = current  # the Runtime in force (a reload swaps it)
         self.limits = limits
+        self.accounting = accounting
         self.admin_port = admin_port  # requests that arrived there are the admin app's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -41,11 +43,10 @@ class ProxyEndpoint:
             if isinstance(result, Answer):
                 request_id = result.request_id or new_request_id()
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
-                account(runtime.config, scope, request_id, result.route, result.outcome, result.rule, status, started)
-                return
-            request_id = request_id_for(result.request.request_id)
-            status = await _forward(result, receive, send, request_id, self.limits.body_timeout)
-            account(runtime.config, scope, request_id, result.route, result.outcome, "", status, started)
+            else:
+                request_id = request_id_for(result.request.request_id)
+                status = await _forward(result, receive, send, request_id, self.limits.body_timeout)
+            self.accounting.account(runtime.config, scope, request_id, result, status, started)
         finally:
             runtime.leave()
 
@@ -60,7 +61,7 @@ class ProxyEndpoint:
         if answer is None:
             return None
         request_id = answer.request_id or new_request_id()
-        account(runtime.config, scope, request_id, answer.route, answer.outcome, answer.rule, answer.status, started)
+        self.accounting.account(runtime.config, scope, request_id, answer, answer.status, started)
         return answer.status, [*answer.headers, (b"x-request-id", request_id)], answer.body
 
 

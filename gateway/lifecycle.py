@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from gateway.errors import ConfigError
 from gateway.limiter import Limiter
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
+from gateway.top import TopRefused
 
 log = logging.getLogger("gateway")
 
@@ -33,6 +35,8 @@ class Lifecycle:
         self.initial_config = config
         self.transport = transport  # the upstream transport: "lean", or "httpx" for comparisons
         self.runtime: Runtime | None = None
+        # the identities refused most, shared with the other workers through the metrics directory
+        self.top = TopRefused(directory=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
         self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
@@ -49,6 +53,7 @@ class Lifecycle:
         redis = redis_settings(self.settings, config)
         self.runtime = build_runtime(config, redis, self._limiter(config), transport=self.transport)
         metrics.CONFIG_INFO.set(len(config.routes))
+        metrics.describe_rules(config.routes)
         self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
         # What exists now lives as long as the worker: keep the collector from walking it again
         # and again (full collections paused every request in flight for ~30 ms).
@@ -64,6 +69,7 @@ class Lifecycle:
         while True:
             await asyncio.sleep(METRICS_FLUSH_INTERVAL)
             metrics.flush()
+            self.top.save()
 
     async def shutdown(self) -> None:
         if self._flusher is not None:
@@ -122,6 +128,7 @@ class Lifecycle:
         self.runtime = new
         metrics.RELOADS.labels("ok").inc()
         metrics.CONFIG_INFO.set(len(config.routes))
+        metrics.describe_rules(config.routes)
         log.info("reloaded %s: %d routes", self.settings.config_path, len(config.routes))
         asyncio.get_running_loop().create_task(self._retire(old, new))
         return True, f"{len(config.routes)} routes"

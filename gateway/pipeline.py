@@ -44,13 +44,20 @@ class RequestOutcome(StrEnum):
 
     ADMITTED = "admitted"
     FAILED_OPEN = "failed_open"          # Redis unavailable, forwarded unlimited (failure_mode: open)
-    REFUSED = "refused"                  # by Redis's decision
-    REFUSED_LOCALLY = "refused_locally"  # by a refusal held in this worker's memory
+    REFUSED = "refused"                  # by a rule: Redis's decision, or one held in memory (DecidedBy)
     FAILED_CLOSED = "failed_closed"      # Redis unavailable, refused (failure_mode: closed)
     BAD_REQUEST = "bad_request"          # the request cannot be served as sent (4xx, 501)
     CLIENT_GONE = "client_gone"          # the client left before the decision
     NO_ROUTE = "no_route"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+
+
+class DecidedBy(StrEnum):
+    """Who decided: the `decided_by` label of the metrics and the access log."""
+
+    REDIS = "redis"    # the route's one script call
+    MEMORY = "memory"  # a refusal Redis gave, held in this worker's memory (gateway/refusals.py)
+    NONE = "none"      # no limit was asked: no rule applied, Redis unavailable, or an answer before any
 
 
 @dataclass(slots=True)
@@ -73,6 +80,8 @@ class Answer:
     rule: str = ""                  # the rule that refused, or whose identity was missing
     close: bool = False             # the framing is in doubt: end the connection after it
     request_id: bytes | None = None  # the client's X-Request-Id, when usable
+    decided_by: DecidedBy = DecidedBy.NONE
+    identity: str = ""              # the refusing rule's identity token (GET /limits/{route}/{rule}?key=)
 
 
 @dataclass(slots=True)
@@ -86,6 +95,7 @@ class Admit:
     delay_ms: int
     body_prefix: bytes | None        # body already read for a `body` identity, to be sent first
     more_body: bool                  # more of the body is still to come from the client
+    decided_by: DecidedBy = DecidedBy.NONE
 
     @property
     def route(self) -> str:
@@ -141,12 +151,14 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
             return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
     if from_memory:
-        return _refused(plan, rules, decision, RequestOutcome.REFUSED_LOCALLY, request.request_id)
+        _count_held(plan, rules, decision)
+        return _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
     _count_rules(route.name, rules, decision)
     if not decision.admitted:
-        return _refused(plan, rules, decision, RequestOutcome.REFUSED, request.request_id)
+        return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
-    return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body)
+    return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
+                 DecidedBy.REDIS)
 
 
 def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
@@ -164,7 +176,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
             return None  # no longer held: the whole way (the app reads the request itself)
         rendered = seen.rendered
         if rendered is None or rendered[0] != decision:  # the same decision is the same answer
-            answer = _refused(plan, seen.rules, decision, RequestOutcome.REFUSED_LOCALLY, seen.request_id)
+            answer = _refused(plan, seen.rules, seen.keys, decision, DecidedBy.MEMORY, seen.request_id)
             rendered = seen.rendered = decision, answer
         return rendered[1]
     step = _match(runtime, scope, limits)
@@ -180,7 +192,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     decision = _held_decision(runtime, plan, rules, keys, costs)
     if decision is None:
         return None
-    answer = _refused(plan, rules, decision, RequestOutcome.REFUSED_LOCALLY, request.request_id)
+    answer = _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
     if plan.repeatable:
         seen = Seen(plan.route, rules, keys, costs, answer.request_id)
         seen.rendered = decision, answer
@@ -216,13 +228,15 @@ def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, reque
     return Answer(status, headers, body, outcome, route, rule, close, request_id)
 
 
-def _refused(plan: RoutePlan, rules: list[Rule], decision: Decision, outcome: RequestOutcome,
+def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], decision: Decision, decided_by: DecidedBy,
              request_id: bytes | None) -> Answer:
     by = decision.refused_by
     assert by is not None
+    rule = rules[by]
     status, headers, body = refusal(plan.route, rules, decision)
-    return Answer(status, headers, body, outcome, plan.route.name, rules[by].name, False,
-                  usable_request_id(request_id))
+    key = keys[next(i for i, r in enumerate(plan.rules) if r is rule)]
+    return Answer(status, headers, body, RequestOutcome.REFUSED, plan.route.name, rule.name, False,
+                  usable_request_id(request_id), decided_by, identity_of(key))
 
 
 class Identified(NamedTuple):
@@ -255,22 +269,32 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
 
 def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: list[str],
                    costs: list[int | None]) -> Decision | None:
-    """The refusal held for these keys and costs, counted as refused locally; None if none holds."""
+    """The refusal held for these keys and costs, counted; None if none holds."""
     decision = runtime.refusals.answer(keys, costs) if rules else None
     if decision is None or decision.refused_by is None:
         return None
-    metrics.rule_decisions(plan.route.name, rules[decision.refused_by].name, "refused_locally").inc()
+    _count_held(plan, rules, decision)
     return decision
+
+
+def _count_held(plan: RoutePlan, rules: list[Rule], decision: Decision) -> None:
+    assert decision.refused_by is not None
+    metrics.rule_decisions(plan.route.name, rules[decision.refused_by].name, "refused", "memory").inc()
 
 
 def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
     for rule, state in zip(rules, decision.rules, strict=True):
         if state.outcome is Outcome.SHADOW_REFUSES:
-            metrics.rule_decisions(route, rule.name, "shadow_refused").inc()
+            metrics.rule_decisions(route, rule.name, "shadow_refused", "redis").inc()
         elif state.outcome is not Outcome.ADMITS:
-            metrics.rule_decisions(route, rule.name, "refused").inc()
+            metrics.rule_decisions(route, rule.name, "refused", "redis").inc()
         elif decision.admitted:
-            metrics.rule_decisions(route, rule.name, "admitted").inc()
+            metrics.rule_decisions(route, rule.name, "admitted", "redis").inc()
+
+
+def identity_of(key: str) -> str:
+    """A rule key's identity token: its last segment, as `keys.identity_token` wrote it."""
+    return key.split("}:", 1)[1].split(":", 1)[1]
 
 
 async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[bytes | None, bool]:

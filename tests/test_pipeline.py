@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, load_config
-from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
+from gateway.pipeline import Admit, Answer, DecidedBy, Limits, RequestOutcome, decide, decide_now
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
@@ -118,7 +118,7 @@ async def early_path(runtime: Runtime) -> None:
     refused = await run(runtime, (ping, body(b"")))
     assert isinstance(refused, Answer) and refused.outcome is RequestOutcome.REFUSED
     early = decide_now(runtime, ping, LIMITS)  # held: answered without Redis, before any app
-    assert early is not None and early.outcome is RequestOutcome.REFUSED_LOCALLY
+    assert early is not None and early.outcome is RequestOutcome.REFUSED and early.decided_by is DecidedBy.MEMORY
     assert (early.status, early.rule, json.loads(early.body)["route"]) == (429, "user", "ping")
     assert decide_now(runtime, scope("GET", "/ping", (b"x-user", b"erin")), LIMITS) is None
     request = scope("POST", "/orders/2", (b"x-user", b"bob"), (b"content-length", b"0"))
