@@ -14,6 +14,9 @@ What a proxy facing the internet needs, and uvicorn's protocol did not bound:
   after it) never enters the app: neither counted nor forwarded;
 - an absolute-form target's authority is the request's host (RFC 9112 3.2.2): the route, the
   limit and X-Forwarded-Host read it, not the Host field.
+- a head of more than `MAX_HEADER_FIELDS` fields is a 431; a version other than 1.0 and 1.1 a 505;
+  an absolute-form target of a scheme other than http and https a 400. An HTTP/1.0 client never
+  receives a chunked body (the connection delimits it), and a 408 ends the connection.
 One timer per connection covers the head and keep-alive timeouts; it is armed when none is
 pending and, when it fires, sleeps again for whatever is left, so a request arms none.
 """
@@ -42,6 +45,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
+MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 
 log = logging.getLogger("gateway.http")
 
@@ -165,6 +169,7 @@ class Exchange:
     def _head(self, status: int, headers: Any) -> bytes:
         parts = [_status_line(status)]
         fixed = chunked = close = False
+        old_client = self.scope["http_version"] == "1.0"
         for name, value in headers:
             lowered = name.lower()
             if lowered == b"content-length":
@@ -174,21 +179,28 @@ class Exchange:
             elif lowered == b"transfer-encoding":
                 chunked = value.lower() == b"chunked"
                 self.left = -1
+                if old_client:
+                    continue  # an HTTP/1.0 client never receives a transfer-coding (RFC 9112 6.1)
             elif lowered == b"connection" and b"close" in value.lower():
                 self.keep_alive = False
                 close = True
             parts += (name, b": ", value, b"\r\n")
-        if not self.keep_alive and not close:
-            parts.append(b"connection: close\r\n")
+        if status == 408:
+            self.keep_alive = False  # the request's body is in doubt: the connection ends (RFC 9110 15.5.9)
         if self.scope["method"] == "HEAD" or status in (204, 304):
             self.bodiless = True
             self.left = -1
             self.chunked = False
+        elif old_client and not fixed:
+            self.chunked = False  # the body ends with the connection, as HTTP/1.0 delimits it
+            self.keep_alive = False
         elif not fixed and not chunked:
             self.chunked = chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
         else:
             self.chunked = chunked
+        if not self.keep_alive and not close:
+            parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
@@ -400,6 +412,11 @@ class HttpProtocol(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_complete:
             return  # a trailer field: never a header (RFC 9110 section 6.5.1), dropped
+        if len(self.headers) >= MAX_HEADER_FIELDS:
+            # thousands of empty fields fit in the byte bound, and each costs Python objects in
+            # every place that reads the head: bounded by count as well
+            self._refuse(431, "Request Header Fields Too Large", f"more than {MAX_HEADER_FIELDS} header fields")
+            raise httptools.HttpParserError("too many fields")
         self.parsed_head_bytes += len(name) + len(value) + 4
         if self.parsed_head_bytes > MAX_HEADER_BYTES:
             # counted field by field, so one read carrying a whole oversized head is caught too
@@ -420,6 +437,9 @@ class HttpProtocol(asyncio.Protocol):
         self.head_started = 0.0
         parser = self.parser
         version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":  # llhttp lets HTTP/2.0 and HTTP/0.9 request lines through
+            self._refuse(505, "HTTP Version Not Supported", f"HTTP/{version} is not supported (only 1.0 and 1.1)")
+            raise httptools.HttpParserError("version")
         method = parser.get_method()
         if method == b"CONNECT":  # its target is an authority, not a path: no tunnel through the gateway
             self._refuse(501, "Not Implemented", "CONNECT is not supported")
@@ -432,6 +452,9 @@ class HttpProtocol(asyncio.Protocol):
             self._refuse(501, "Not Implemented", f"transfer-coding {coding!r} is not supported (only chunked)")
             raise httptools.HttpParserError("transfer-coding")
         parsed = httptools.parse_url(self.url)
+        if parsed.schema is not None and parsed.schema.lower() not in (b"http", b"https"):
+            self._refuse(400, "Bad Request", "an absolute-form target must be http or https")
+            raise httptools.HttpParserError("scheme")
         if parsed.host:
             self._absolute_form(parsed, version)
         raw_path: bytes = parsed.path or b"/"
