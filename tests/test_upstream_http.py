@@ -232,11 +232,14 @@ def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole(transport: 
     run(go())
 
 
-def test_informational_answers_are_skipped_and_head_reuses_the_connection(transport: str) -> None:
+def test_informational_answers_are_skipped_and_head_reuses_the_connection_when_it_announces_no_body(
+        transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             head = await read_request(reader)
-            if head.startswith(b"HEAD"):
+            if head.startswith(b"HEAD /empty"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            elif head.startswith(b"HEAD"):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")  # and no body
             else:
                 writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n" + OK)
@@ -244,13 +247,20 @@ def test_informational_answers_are_skipped_and_head_reuses_the_connection(transp
     async def go() -> None:
         async with RawServer(handler) as server:
             pool = pool_for(transport, server.url)
+            status, out = await forward(pool, b"HEAD", b"/empty")
+            assert (status, out.body, out.finished) == (200, b"", True)
+            status, out = await forward(pool)
+            assert (status, out.body) == (200, b"ok")
+            assert all(name != b"link" for name, _ in out.headers)
+            assert server.connections == 1
             status, out = await forward(pool, b"HEAD")
             assert (status, out.body, out.finished) == (200, b"", True)
             assert (b"content-length", b"1000") in out.headers
             status, out = await forward(pool)
             assert (status, out.body) == (200, b"ok")
-            assert all(name != b"link" for name, _ in out.headers)
-            assert server.connections == 1
+            # a body announced and never sent by its framing may still come, late: that connection
+            # is closed (httpx's reuses it; tests/conformance shows what the next request then reads)
+            assert server.connections == (2 if transport == "lean" else 1)
             await pool.close()
 
     run(go())
