@@ -19,7 +19,7 @@ from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import Request
 from gateway.http.transport import LeanTransport
-from gateway.proxy import TRANSPORTS, RequestBody, UpstreamClient
+from gateway.proxy import TRANSPORTS, ClientTooSlow, RequestBody, UpstreamClient
 from tests.support.upstream import Upstream as AiohttpUpstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -363,3 +363,31 @@ def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(transport: s
 
     run(go())
 
+
+
+def test_a_body_below_the_minimum_rate_is_too_slow_whatever_its_pauses(transport: str, aiohttp_upstream: Any) -> None:
+    """Each pause is far shorter than the body timeout, yet the body as a whole comes slower than
+    `min_rate` once the grace period is spent: the client is too slow (408), and the upstream
+    connection it held is free again. The same body sent without pauses arrives whole."""
+    head = b"a" * 20_000  # more than is read before the upstream connection is taken
+
+    def trickle(pause: float) -> Callable[[], Awaitable[dict[str, Any]]]:
+        pieces = iter([b"b" * 10] * 200)
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(pause)
+            piece = next(pieces, None)
+            return {"type": "http.request", "body": piece or b"", "more_body": piece is not None}
+        return receive
+
+    async def go() -> None:
+        pool = pool_for(transport, aiohttp_upstream.url, max_connections=1)
+        slow = RequestBody(head, True, trickle(0.05), min_rate=1_000_000, grace=0.2)
+        with pytest.raises(ClientTooSlow):
+            await forward(pool, b"POST", b"/upload", [], slow)
+        fast = RequestBody(head, True, trickle(0), min_rate=1_000_000, grace=0.2)
+        status, out = await forward(pool, b"POST", b"/upload", [], fast)
+        assert status == 200 and json.loads(out.body)["length"] == len(head) + 2000
+        await pool.close()
+
+    run(go())
