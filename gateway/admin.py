@@ -13,7 +13,9 @@ key, reload.
     POST   /reload                           validate routes.yaml and swap it in
 
 Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
-without it); with no token they are accepted from loopback peers only (403 from anywhere else).
+without it); with no token they are accepted from loopback peers only, naming a loopback Host, and
+without an Origin other than the admin's own (403 otherwise: no CSRF from a page in the operator's
+browser, no DNS rebinding).
 
 The admin sees the gateway through `AdminControl` and Redis only through the `Limiter`
 (`ping`, `reset`, `decide`): it never talks to a Redis connection itself.
@@ -107,10 +109,34 @@ def write_refusal(control: AdminControl, request: Request) -> Response | None:
         return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
                                 headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
     peer = request.client.host if request.client else None
-    if is_loopback(peer):
-        return None
-    return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
-                                 "set admin.token to allow them from elsewhere")
+    if not is_loopback(peer):
+        return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
+                                     "set admin.token to allow them from elsewhere")
+    # From loopback, a browser may still be the one asking: a page elsewhere posting to 127.0.0.1
+    # (CSRF: it names its own Origin), or a hostile name rebound to 127.0.0.1 (its Host is that name)
+    host = request.headers.get("host", "")
+    if not is_loopback_host(host):
+        return problem_response(403, "admin writes without admin.token need a loopback Host "
+                                     "(localhost, 127.0.0.1 or [::1]); set admin.token to allow others")
+    origin = request.headers.get("origin")
+    if origin is not None and origin.lower() != f"{request.url.scheme}://{host}".lower():
+        return problem_response(403, "admin writes without admin.token are not accepted from another site's page")
+    return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """A Host field naming this machine: localhost or a loopback address, with an optional port."""
+    name, port = host, ""
+    if host.startswith("["):
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    elif ":" in host:
+        name, _, port = host.rpartition(":")
+    if port and not (port.isdigit() and port.isascii()):
+        return False
+    return name.lower() == "localhost" or is_loopback(name)
 
 
 def rule_parameters(rule: Rule) -> dict[str, Any]:

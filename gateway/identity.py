@@ -51,13 +51,24 @@ def _is_trusted(peer: str, trusted: Sequence[Network]) -> bool:
     return any(address in net for net in trusted)
 
 
+NOT_BEFORE_LEEWAY = 30.0  # seconds a token's `nbf`/`iat` may lie ahead of this clock (an IdP's clock skew)
+FOREVER = float("inf")
+
+
 class JwtVerifier:
-    """Verifies bearer tokens; only a verified token yields claims. Results are cached briefly."""
+    """Verifies bearer tokens; only a verified token yields claims.
+
+    Results are cached only while they stay true: a yes until the token's `exp` (plus the
+    configured leeway), a no for a token not valid yet until it may be, other nos for good (a bad
+    signature, an expired token). `nbf` and `iat` may lie up to NOT_BEFORE_LEEWAY seconds ahead
+    (or the configured leeway, if larger), as IdPs' clocks drift: PyJWT's `leeway`, applied to
+    not-before only, so it never stretches an expiry.
+    """
 
     def __init__(self, settings: JwtSettings, cache_size: int = 4096) -> None:
         self.settings = settings
         self.key: Any = settings.secret if settings.secret else settings.public_key
-        self.cache: dict[bytes, dict[str, Any] | None] = {}
+        self.cache: dict[bytes, tuple[dict[str, Any] | None, float]] = {}  # token -> (claims, true until)
         self.cache_size = cache_size
 
     def claims(self, header_value: bytes | None) -> dict[str, Any] | None:
@@ -68,37 +79,58 @@ class JwtVerifier:
             token = token[7:].strip()
         if len(token) > 8192:
             return None
-        if token in self.cache:
-            cached = self.cache[token]
-            if cached is None or self._fresh(cached):
-                return cached
-        result = self._verify(token)
+        now = time.time()
+        cached = self.cache.get(token)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        result, until = self._verify(token, now)
         if len(self.cache) >= self.cache_size:
             self.cache.clear()
-        self.cache[token] = result
+        self.cache[token] = (result, until)
         return result
 
-    def _fresh(self, claims: dict[str, Any]) -> bool:
-        exp = claims.get("exp")
-        return not isinstance(exp, int | float) or exp + self.settings.leeway > time.time()
-
-    def _verify(self, token: bytes) -> dict[str, Any] | None:
-        s = self.settings
-        key = self.key
+    def _verify(self, token: bytes, now: float) -> tuple[dict[str, Any] | None, float]:
+        """The claims, or None, and until when that answer holds."""
+        leeway = self.settings.leeway
         try:
-            options = {"require": [], "verify_aud": s.audience is not None}
-            claims: dict[str, Any] = pyjwt.decode(
-                token,
-                key=key,
-                algorithms=list(s.algorithms),
-                audience=s.audience,
-                issuer=s.issuer,
-                leeway=s.leeway,
-                options=options,  # type: ignore[arg-type]
-            )
+            claims = self._decode(token, leeway)
+        except pyjwt.ImmatureSignatureError:  # the signature verified; `nbf` or `iat` is ahead
+            not_before = max(leeway, NOT_BEFORE_LEEWAY)
+            try:
+                claims = self._decode(token, not_before)
+            except pyjwt.ImmatureSignatureError:
+                return None, max(now + 1.0, _valid_from(token) - not_before)
+            except (pyjwt.PyJWTError, ValueError, TypeError):
+                return None, FOREVER
         except (pyjwt.PyJWTError, ValueError, TypeError):
-            return None
+            return None, FOREVER
+        exp = claims.get("exp")
+        if isinstance(exp, int | float):
+            if exp + leeway <= now:
+                return None, FOREVER  # expired: checked above only with the not-before leeway
+            return claims, exp + leeway
+        return claims, FOREVER
+
+    def _decode(self, token: bytes, leeway: float) -> dict[str, Any]:
+        s = self.settings
+        options = {"require": [], "verify_aud": s.audience is not None}
+        claims: dict[str, Any] = pyjwt.decode(
+            token,
+            key=self.key,
+            algorithms=list(s.algorithms),
+            audience=s.audience,
+            issuer=s.issuer,
+            leeway=leeway,
+            options=options,  # type: ignore[arg-type]
+        )
         return claims
+
+
+def _valid_from(token: bytes) -> float:
+    """The later of `nbf` and `iat` of a token whose signature has verified."""
+    payload = pyjwt.decode(token, options={"verify_signature": False})
+    times = [value for value in (payload.get("nbf"), payload.get("iat")) if isinstance(value, int | float)]
+    return float(max(times, default=0))
 
 
 class _Pairs:

@@ -22,6 +22,7 @@ version: 1
 redis: {{timeout: 500ms, key_prefix: {prefix}}}
 upstreams:
   up: {{url: "http://{upstream}", timeout: 2s}}
+  few: {{url: "http://{upstream}", timeout: 2s, max_connections: 4, connect_timeout: 500ms}}
 routes:
   - name: limited
     match: {{path: "/limited/{{run}}/{{rest:path}}"}}
@@ -49,6 +50,9 @@ routes:
   - name: open
     match: {{path: "/open/{{rest:path}}"}}
     upstream: up
+  - name: pooled
+    match: {{path: "/pooled/{{rest:path}}"}}
+    upstream: few
 """
 
 
