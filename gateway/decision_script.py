@@ -21,12 +21,17 @@ EXACT = 2**53  # Lua numbers are doubles: integers below this are exact
 
 
 class RuleSpec(NamedTuple):
-    """What the script needs of a rule: all µs and whole units; p2 = 0 is a quota without period."""
+    """What the script needs of a rule: all µs and whole units; p2 = 0 is a quota without period.
+
+    `base`: set on a per-identity override (gateway/overrides.py): the file's spec, which shapes
+    the script; this spec's numbers then reach the script as ARGV (see `override_params`), so every
+    override of a route's rules shares one script."""
 
     algorithm: str
     p1: int      # limit (windows, quota) or burst (buckets)
     p2: int      # window / period, or a bucket's emission interval
     shadow: bool
+    base: RuleSpec | None = None
 
 
 def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
@@ -83,18 +88,22 @@ def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
     return spec.p1, spec.p2 if spec.p2 > 0 else -1
 
 
-def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
-    """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout."""
+def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[int] = frozenset()
+                 ) -> tuple[str, Layout]:
+    """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout.
+
+    `overridden`: the (0-based) rules whose numbers come from ARGV after the costs, PARAMS of them
+    per rule in order (`override_params`); their part of the reply is always two integers."""
     n = len(specs)
     if n > MAX_RULES:  # Lua allows 200 locals per function: 32 rules use at most 141
         raise ValueError(f"at most {MAX_RULES} rules per script")
     slots: list[tuple[int, int]] = []
     mosts: list[int] = []
     index = 2
-    for spec in specs:
+    for j, spec in enumerate(specs):
         most, longest = _most_and_longest(spec)
         radix = math.ceil(longest / 1000) + 2 if longest >= 0 else 1
-        packed = ((most + 1) * radix) * 4 < EXACT
+        packed = ((most + 1) * radix) * 4 < EXACT and j not in overridden
         slots.append((index - 1, radix if packed else 0))
         mosts.append(most)
         index += 1 if packed else 2
@@ -103,33 +112,74 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
         slots=", ".join("0" for _ in range(index - 1)),
     )]
+    at_param: dict[int, int] = {}  # rule -> where its numbers start in P (after the costs)
+    if overridden:
+        parts.append(FRAGMENTS["override_params"].substitute(n=n))
+        at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         at = at0 + 1
         reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
-        parts.append(_rule(i, spec, peek_lua))
+        given = _given(at_param.get(i - 1))
+        parts.append(_rule(i, spec, peek_lua, given))
         parts.append(FRAGMENTS["verdict"].substitute(
-            i=i, shadow="true" if spec.shadow else "false", most=most, reply=reply))
+            i=i, shadow="true" if spec.shadow else "false", most=given.get("most", most), reply=reply))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
-        writes = [_write(i, spec) for i, spec in enumerate(specs, start=1)]
+        writes = [_write(i, spec, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
     parts.append(FRAGMENTS["tail"].substitute())
     return "".join(parts), Layout(tuple(slots))
 
 
-def _rule(i: int, spec: RuleSpec, peek: str) -> str:
+PARAMS = 5  # numbers per overridden rule in ARGV: p1, p2, span or float slack, most ahead, most
+
+
+def _given(at: int | None) -> dict[str, str]:
+    """An overridden rule's numbers as Lua expressions into P (the ARGV after the costs), or {}."""
+    if at is None:
+        return {}
+    p1, p2, third, ahead, most = (f"P[{at + k}]" for k in range(1, PARAMS + 1))
+    return {"p1": p1, "p2": p2, "span": third, "float_slack": third, "most_ahead": ahead, "most": most}
+
+
+def override_params(spec: RuleSpec) -> tuple[int, int, int, int, int]:
+    """The PARAMS numbers an overridden rule's script reads from ARGV, for the spec it runs with."""
+    most, longest = _most_and_longest(spec)
+    if spec.algorithm in BUCKET_ALGORITHMS:
+        return spec.p1, spec.p2, spec.p1 * spec.p2, longest, most
+    slack = math.ceil(spec.p1 * spec.p2 / 2**51) if spec.p1 * spec.p2 > 2**52 else 0
+    return spec.p1, spec.p2, slack, 0, most
+
+
+def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
+    given = given or {}
+    g1, g2 = given.get("p1", p1), given.get("p2", p2)
     if algorithm in BUCKET_ALGORITHMS:
         _, most_ahead = _most_and_longest(spec)
-        read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=most_ahead).rstrip("\n")
+        read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=given.get("most_ahead", most_ahead)).rstrip("\n")
         queue = 1 if algorithm == "leaky_bucket" else 0
-        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2, queue=queue, read_state=read)
+        return FRAGMENTS["bucket"].substitute(i=i, burst=g1, step=g2, span=given.get("span", p1 * p2), queue=queue,
+                                              read_state=read)
     if algorithm == "quota" and p2 == 0:
-        return FRAGMENTS["quota"].substitute(i=i, limit=p1)
+        return FRAGMENTS["quota"].substitute(i=i, limit=g1)
     if algorithm in ("fixed_window", "quota"):
-        return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
+        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek)
+    if algorithm == "sliding_window" and given:
+        # the state's numbers are the file's rule's: read in its format, written as
+        # "window:current:previous" (any limit; the window zero-padded, so never 19 characters
+        # long and never read as the packed format), which the file's script reads too
+        split = modulus = 1
+        exact = "true"
+        if p1 < 2**24:
+            digits = sliding_window_digits(p1)
+            split, modulus = 1 + digits, 10 ** (18 - digits)
+            exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
+        return FRAGMENTS["sliding_window"].substitute(
+            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
+            float_slack=given["float_slack"], split=split, modulus=modulus, exact=exact)
     if algorithm == "sliding_window":
         split = modulus = 1
         exact = "true"
@@ -147,7 +197,7 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
             exact=exact)
     assert algorithm == "sliding_log", algorithm
-    return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
+    return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2)
 
 
 def _repair(i: int, spec: RuleSpec) -> str:
@@ -161,11 +211,11 @@ def _repair(i: int, spec: RuleSpec) -> str:
     return FRAGMENTS["set_until"].substitute(i=i, value=f"f{i}", until=f"g{i}")
 
 
-def _write(i: int, spec: RuleSpec) -> str:
+def _write(i: int, spec: RuleSpec, given: dict[str, str] | None = None) -> str:
     if spec.algorithm in BUCKET_ALGORITHMS:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"a{i}")
     if spec.algorithm == "sliding_log":
-        return FRAGMENTS["sliding_log_write"].substitute(i=i, window=spec.p2)
+        return FRAGMENTS["sliding_log_write"].substitute(i=i, window=(given or {}).get("p2", spec.p2))
     if spec.algorithm == "quota" and spec.p2 == 0:
         return FRAGMENTS["quota_write"].substitute(i=i)
     return FRAGMENTS["set_until"].substitute(i=i, value=f"a{i}", until=f"b{i}")
@@ -174,8 +224,36 @@ def _write(i: int, spec: RuleSpec) -> str:
 class DecisionScript(NamedTuple):
     script: Script
     layout: Layout
+    params: tuple[int, ...] = ()  # ARGV after the costs: the overridden rules' numbers
 
 
 def decision_script(specs: tuple[RuleSpec, ...], peek: bool = False) -> DecisionScript:
     source, layout = write_script(specs, peek)
     return DecisionScript(Script(f"decide:{len(specs)}", source), layout)
+
+
+def override_shape(specs: tuple[RuleSpec, ...]) -> tuple[tuple[RuleSpec, ...], frozenset[int]]:
+    """The script shape of a route's specs where some are overrides: each overridden rule's file spec
+    (a quota's with the override's choice of period or none: the fragment differs), and which."""
+    shape, overridden = [], set()
+    for j, spec in enumerate(specs):
+        if spec.base is None:
+            shape.append(spec)
+            continue
+        overridden.add(j)
+        base = spec.base
+        if base.algorithm == "quota" and (base.p2 == 0) != (spec.p2 == 0):
+            base = base._replace(p2=spec.p2)
+        shape.append(base._replace(shadow=spec.shadow))
+    return tuple(shape), frozenset(overridden)
+
+
+def overridden_script(specs: tuple[RuleSpec, ...], shaped: DecisionScript) -> DecisionScript:
+    """The script of `specs` with overrides: `shaped` (the script of their shape) and their numbers."""
+    params = tuple(n for spec in specs if spec.base is not None for n in override_params(spec))
+    return shaped._replace(params=params)
+
+
+def shape_script(shape: tuple[RuleSpec, ...], overridden: frozenset[int], peek: bool = False) -> DecisionScript:
+    source, layout = write_script(shape, peek, overridden)
+    return DecisionScript(Script(f"decide:{len(shape)}:overridden", source), layout)

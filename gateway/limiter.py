@@ -9,7 +9,16 @@ from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
 from gateway.breaker import Breaker, BreakerState
-from gateway.decision_script import DecisionScript, Layout, RuleSpec, decision_script, rule_spec
+from gateway.decision_script import (
+    DecisionScript,
+    Layout,
+    RuleSpec,
+    decision_script,
+    overridden_script,
+    override_shape,
+    rule_spec,
+    shape_script,
+)
 from gateway.errors import BreakerOpen, RedisUnavailable
 from gateway.scripts import Script
 
@@ -105,6 +114,8 @@ class Limiter:
         self.observe = observe
         self.on_breaker = on_breaker
         self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
+        # routes with overridden rules (gateway/overrides.py): one script per shape, numbers in ARGV
+        self.shapes: dict[tuple[tuple[RuleSpec, ...], frozenset[int], bool], DecisionScript] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -138,7 +149,7 @@ class Limiter:
         if found is None:
             if len(self.scripts) >= MAX_SCRIPTS:
                 self.scripts.clear()
-            found = self.scripts[combination] = decision_script(*combination)
+            found = self.scripts[combination] = self._script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
         domain = self.runner.failure_domain(keys[0]) if keys else None
@@ -147,7 +158,10 @@ class Limiter:
             raise BreakerOpen("Redis circuit breaker is open")
         started = time.perf_counter()
         try:
-            reply = await self.runner.run(found.script, keys, [b"" if c is None else c for c in costs])
+            args: list[bytes | int] = [b"" if c is None else c for c in costs]
+            if found.params:
+                args.extend(found.params)
+            reply = await self.runner.run(found.script, keys, args)
         except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
@@ -168,6 +182,22 @@ class Limiter:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
+
+    def _script(self, specs: tuple[RuleSpec, ...], peek: bool) -> DecisionScript:
+        if all(spec.base is None for spec in specs):
+            return decision_script(specs, peek)
+        shape, overridden = override_shape(specs)
+        found = self.shapes.get((shape, overridden, peek))
+        if found is None:
+            if len(self.shapes) >= MAX_SCRIPTS:
+                self.shapes.clear()
+            found = self.shapes[(shape, overridden, peek)] = shape_script(shape, overridden, peek)
+        return overridden_script(specs, found)
+
+    async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        """Run one of the overrides' store scripts (gateway/overrides.py); Redis errors as
+        RedisUnavailable subclasses. Not a decision: no breaker, no latency observed."""
+        return await self.runner.run(script, keys, args)
 
     # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
 
