@@ -101,6 +101,7 @@ MAX_SHARDS = 1024  # per route: hash tags a route's keys spread over (docs/scali
 SLIDING_LOG_MAX = 100_000  # sliding_log keeps one entry per request
 MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
 MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
+MAX_OVERRIDES_BOUND = 10_000_000  # per rule: each worker holds every override of its routes in memory
 
 NO_DEFAULT: Any = object()
 _WINDOWS = WINDOW_ALGORITHMS
@@ -254,6 +255,8 @@ FIELDS: tuple[Field, ...] = (
     _f(RULE, "shadow", Boolean(), "Evaluate and count, never refuse.", default=False),
     _f(RULE, "on_missing", Choice(ON_MISSING), "Identity absent: reject (400), skip the rule, or fall back "
        "to ip.", default="reject"),
+    _f(RULE, "max_overrides", Integer(0, MAX_OVERRIDES_BOUND), "Per-identity overrides the rule may hold "
+       "(PUT /overrides on the admin port); 0: none.", default=100_000),
 )
 
 

@@ -487,7 +487,7 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for pkey in needed:
         if pkey not in found:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
-    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing"])
+    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing", "max_overrides"])
     if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
         message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
         r.problem(found.nodes["limit"], f"{key}.limit", message)

@@ -64,6 +64,7 @@ class Rule:
     status: int = default(P.RULE, "status")
     shadow: bool = default(P.RULE, "shadow")
     on_missing: str = default(P.RULE, "on_missing")
+    max_overrides: int = default(P.RULE, "max_overrides")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
