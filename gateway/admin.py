@@ -11,8 +11,13 @@ key, reload.
                                              total over them and each shard's (docs/scaling.md)
     DELETE /limits/{route}/{rule}?key=...    reset it (in every shard)
     POST   /reload                           validate routes.yaml and swap it in
+    GET    /overrides                        every rule's count of per-identity overrides
+    GET    /overrides/{route}/{rule}         its overrides, paged (?cursor=&limit=); ?key=: one
+    PUT    /overrides/{route}/{rule}?key=... replace the rule's parameters for one identity (JSON body
+                                             of the rule's own parameters, or {"unlimited": true})
+    DELETE /overrides/{route}/{rule}?key=... remove one (gateway/overrides.py)
 
-Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
+Writes (DELETE, POST, PUT) need `Authorization: Bearer <admin.token>` when a token is configured (401
 without it); with no token they are accepted from loopback peers only, naming a loopback Host, and
 without an Origin other than the admin's own (403 otherwise: no CSRF from a page in the operator's
 browser, no DNS rebinding).
@@ -26,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import os
 import re
 import signal
@@ -44,6 +50,7 @@ from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token, shard_tags, state_key
 from gateway.limiter import Decision, Outcome
+from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, parse_override
 from gateway.responses import problem
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
@@ -318,6 +325,74 @@ def admin_app(control: AdminControl) -> Starlette:
             "route": r.route, "rule": r.rule, "identity": r.identity, "refusals": r.refusals,
             "error": r.error} for r in found]})
 
+    async def list_overrides(request: Request) -> Response:
+        runtime = _runtime(control)
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        rules = [(route, rule) for route in runtime.config.routes for rule in route.limits]
+        try:
+            counts = await _each(rules, lambda at: store.count(at[0].name, at[1].name))
+        except RedisUnavailable as exc:
+            return problem_response(503, f"Redis is unavailable: {exc}")
+        return JSONResponse({"rules": [
+            {"route": route.name, "rule": rule.name, "algorithm": rule.algorithm, "overrides": count,
+             "max_overrides": rule.max_overrides}
+            for (route, rule), count in zip(rules, counts, strict=True)]})
+
+    async def one_override(request: Request) -> Response:
+        runtime = _runtime(control)
+        route_name, rule_name = request.path_params["route"], request.path_params["rule"]
+        plan = runtime.plans.get(route_name)
+        if plan is None:
+            return problem_response(404, f"no route {route_name[:100]!r}")
+        index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
+        if index is None:
+            return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+        if request.method in ("PUT", "DELETE"):
+            refused = write_refusal(control, request)
+            if refused is not None:
+                return refused
+        rule = plan.rules[index]
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        where = {"route": route_name, "rule": rule_name}
+        if request.method == "GET" and "key" not in request.query_params:
+            return await _override_page(store, where, request)
+        token = _override_token(request, rule)
+        if token is None:
+            sources = ", ".join(str(s) for s in rule.by) or "none: give key= empty"
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
+                                         "or one identity token from the access log or /top")
+        try:
+            if request.method == "GET":
+                text = await store.get(route_name, rule_name, token)
+                if text is None:
+                    return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
+                return JSONResponse(where | {"key": token, "override": json.loads(text)})
+            if request.method == "DELETE":
+                if not await store.delete(route_name, rule_name, token):
+                    return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
+                return JSONResponse(where | {"key": token, "deleted": True})
+            raw = await request.body()
+            if len(raw) > MAX_OVERRIDE_BODY:
+                return problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
+            try:
+                body = json.loads(raw)
+                parsed = parse_override(rule, body)
+                if parsed is not None:
+                    check_shards(plan, index, parsed)
+            except OverrideInvalid as exc:
+                return problem_response(400, f"invalid override of {rule.algorithm} rule {rule_name!r}: {exc}",
+                                        field=exc.field or None, **where)
+            except ValueError as exc:
+                return problem_response(400, f"the body is not JSON: {exc}", **where)
+            if not await store.put(route_name, rule_name, token, canonical(body), rule.max_overrides):
+                return problem_response(
+                    409, f"rule {route_name}/{rule_name} holds its max_overrides ({rule.max_overrides}) "
+                         "overrides already: delete some, or raise max_overrides in the file", **where)
+        except RedisUnavailable as exc:
+            return problem_response(503, f"Redis is unavailable: {exc}")
+        return JSONResponse(where | {"key": token, "override": body,
+                                     "applies_within_seconds": 2})
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
@@ -337,12 +412,51 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/limits", list_limits, methods=["GET"]),
             Route("/limits/{route}/{rule}", one_key, methods=["GET", "DELETE"]),
             Route("/top", top, methods=["GET"]),
+            Route("/overrides", list_overrides, methods=["GET"]),
+            Route("/overrides/{route}/{rule}", one_override, methods=["GET", "PUT", "DELETE"]),
         ],
         exception_handlers={HTTPException: http_error},
     )
 
 
 SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
+MAX_OVERRIDE_BODY = 4096  # bytes
+PAGE_LIMIT = 1000  # overrides listed at most per page
+
+
+def _override_token(request: Request, rule: Rule) -> str | None:
+    """The identity token `key=` names for `rule` (its values, one per source, or an identity
+    token as the access log and /top name it); None if it names none."""
+    values = [v.encode() for v in request.query_params.getlist("key")]
+    if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
+        values = values[0].split(b":")  # a readable token of several parts
+    if len(values) == 1 and _TOKEN.match(values[0]) and rule.by:
+        return values[0].decode()
+    if not rule.by and values in ([], [b""]):
+        return identity_token([])
+    if len(values) != len(rule.by):
+        return None
+    return identity_token(values)
+
+
+async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
+    cursor = request.query_params.get("cursor", "0") or "0"
+    try:
+        limit = int(request.query_params.get("limit", "100"))
+    except ValueError:
+        limit = 0
+    if not cursor.isdigit() or not 0 < limit <= PAGE_LIMIT:
+        return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+    try:
+        nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)
+        count = await store.count(where["route"], where["rule"])
+    except RedisUnavailable as exc:
+        return problem_response(503, f"Redis is unavailable: {exc}")
+    return JSONResponse(where | {
+        "count": count,
+        "overrides": [{"key": token, "override": json.loads(text)} for token, text in pairs],
+        "next_cursor": None if nxt == "0" else nxt,
+    })
 
 
 async def _each(items: Sequence[A], call: Callable[[A], Awaitable[T]]) -> list[T]:

@@ -18,8 +18,9 @@ from typing import Any
 
 from gateway import metrics
 from gateway.config import Config, load_config
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
+from gateway.overrides import Overrides, keep_in_step
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 from gateway.top import TopRefused
@@ -39,6 +40,8 @@ class Lifecycle:
         self.top = TopRefused(directory=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
+        self.overrides = Overrides()  # per-identity overrides, kept in step with Redis
+        self._syncer: asyncio.Task[None] | None = None
         self._reload_waiters: list[asyncio.Future[tuple[bool, str]]] = []
         self._reload_pending = False
 
@@ -55,6 +58,11 @@ class Lifecycle:
         metrics.CONFIG_INFO.set(len(config.routes))
         metrics.describe_rules(config.routes)
         self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
+        try:  # the overrides in force before the first request; Redis down: the poll catches up
+            await self.overrides.sync(self.runtime)
+        except RedisUnavailable as exc:
+            log.warning("overrides not read at start-up, Redis unavailable (%s)", exc)
+        self._syncer = asyncio.get_running_loop().create_task(keep_in_step(self.overrides, self.current))
         # What exists now lives as long as the worker: keep the collector from walking it again
         # and again (full collections paused every request in flight for ~30 ms).
         gc.collect()
@@ -74,6 +82,8 @@ class Lifecycle:
     async def shutdown(self) -> None:
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._syncer is not None:
+            self._syncer.cancel()
         metrics.flush()
         runtime = self.runtime
         if runtime is None:
@@ -125,6 +135,7 @@ class Lifecycle:
         redis = redis_settings(self.settings, config)
         limiter = old.limiter if redis == old.redis else self._limiter(config)
         new = build_runtime(config, redis, limiter, reuse=old.clients, transport=self.transport)
+        self.overrides.apply(new)  # the overrides read so far, on the new rules, from its first request
         self.runtime = new
         metrics.RELOADS.labels("ok").inc()
         metrics.CONFIG_INFO.set(len(config.routes))

@@ -31,6 +31,7 @@ from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
 from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.overrides import RouteTable, overridden
 from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
@@ -130,7 +131,7 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
         else:
             view.body_prefix = b""
     try:
-        identified = identify(plan, view)
+        identified = identify(plan, view, runtime.overrides.get(route.name))
     except IdentityMissing as exc:
         return _answer(problem(400, str(exc), route=route.name, rule=exc.rule), RequestOutcome.BAD_REQUEST,
                        request, route=route.name, rule=exc.rule)
@@ -186,7 +187,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _ = identify(plan, view)
+        rules, keys, costs, _ = identify(plan, view, runtime.overrides.get(plan.route.name))
     except (IdentityMissing, BadRequest):
         return None
     decision = _held_decision(runtime, plan, rules, keys, costs)
@@ -234,7 +235,7 @@ def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], decision: Deci
     assert by is not None
     rule = rules[by]
     status, headers, body = refusal(plan.route, rules, decision)
-    key = keys[next(i for i, r in enumerate(plan.rules) if r is rule)]
+    key = keys[next(i for i, r in enumerate(plan.rules) if r.name == rule.name)]  # rule: maybe overridden
     return Answer(status, headers, body, RequestOutcome.REFUSED, plan.route.name, rule.name, False,
                   usable_request_id(request_id), decided_by, identity_of(key))
 
@@ -246,12 +247,14 @@ class Identified(NamedTuple):
     args: tuple[RuleSpec, ...]    # the specs of the request's shard
 
 
-def identify(plan: RoutePlan, view: RequestView) -> Identified:
-    """The request's rules, keys and costs. Raises IdentityMissing or BadRequest."""
+def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = None) -> Identified:
+    """The request's rules, keys and costs, each rule as overridden for its identity where it is
+    (gateway/overrides.py). Raises IdentityMissing or BadRequest."""
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []
     args, prefix_keys = plan.args, plan.prefix_keys
+    shard = 0
     for i, rule in enumerate(plan.rules):
         parts = rule_identity(rule, view)
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
@@ -261,8 +264,16 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
             keys.append(prefix_keys[i])
             costs.append(None)
             continue
+        key = rule_key(prefix_keys[i], parts)
+        if overrides and (found := overridden(overrides, i, key[len(prefix_keys[i]):])) is not None:
+            if found.rule is None:  # unlimited: the rule sits out for this identity
+                keys.append(prefix_keys[i])
+                costs.append(None)
+                continue
+            args = (*args[:i], found.specs[shard], *args[i + 1:])
+            rule = found.rule
         rules.append(rule)
-        keys.append(rule_key(prefix_keys[i], parts))
+        keys.append(key)
         costs.append(_cost(rule, view))
     return Identified(rules, keys, costs, args)
 

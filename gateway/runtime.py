@@ -16,6 +16,7 @@ from gateway.identity import JwtVerifier
 from gateway.keys import shard_of, shard_tags, state_key
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
+from gateway.overrides import RouteTable
 from gateway.proxy import UpstreamClient
 from gateway.redis import make_runner
 from gateway.refusals import LocalRefusals
@@ -83,6 +84,7 @@ class Runtime:
     jwt: JwtVerifier | None
     refusals: LocalRefusals = field(default_factory=LocalRefusals)  # this config's, this worker's
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
+    overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
