@@ -205,7 +205,9 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         request = read_request(scope, limits.max_head_bytes)
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
-    found = runtime.router.match(request.method, request.hostname, request.path)
+    view = RequestView(request, {}, runtime.config, runtime.jwt)
+    router = runtime.router
+    found = router.match(request.method, request.hostname, request.path, view.meets if router.conditional else None)
     if found is None:
         allowed = runtime.router.allowed_methods(request.hostname, request.path)
         if allowed:  # a route owns this path under other methods: a catch-all may not take it
@@ -216,9 +218,8 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
             return _answer((status, headers, body), RequestOutcome.METHOD_NOT_ALLOWED, request)
         return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
                        RequestOutcome.NO_ROUTE, request)
-    route, params = found
-    plan = runtime.plans[route.name]
-    return Matched(request, plan, RequestView(request, params, runtime.config, runtime.jwt))
+    route, view.params = found
+    return Matched(request, runtime.plans[route.name], view)
 
 
 def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, request: Request | None,
