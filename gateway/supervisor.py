@@ -3,6 +3,10 @@
 The supervisor owns the sockets, the embedded redis-server and the metrics directory. It forwards
 SIGHUP (and changes of the config file) to the workers, which each validate and swap the config;
 on SIGTERM it lets the workers drain, stops Redis and exits 0.
+
+Nothing outlives it: if it dies without that (SIGKILL, the OOM killer, a crash), the kernel signals
+the embedded redis-server (SIGTERM) and every worker (SIGUSR1: stop accepting at once, cut whatever
+is still in flight after ORPHAN_GRACE seconds), so the ports are free for the next start.
 """
 
 from __future__ import annotations
@@ -25,9 +29,13 @@ from types import FrameType
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
+from gateway.parent_death import die_with_parent
 from gateway.settings import Settings, comparison_warnings, needs_embedded_redis
 
 log = logging.getLogger("gateway")
+
+# A worker whose supervisor died stops accepting at once and is ended this long after, in flight or not.
+ORPHAN_GRACE = 1.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -74,7 +82,7 @@ class Supervisor:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             return 1
         if needs_embedded_redis(settings, self.config):
-            self.redis = EmbeddedRedis(data_dir=settings.data_dir)
+            self.redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=True)
             try:
                 self.redis.start()
             except (OSError, RuntimeError) as exc:
@@ -205,7 +213,25 @@ def configure_logging(level: str) -> None:
     access.setLevel(logging.INFO)
 
 
+def stop_with_supervisor() -> None:
+    """First thing in a worker: when the supervisor dies, by any signal, the kernel sends SIGUSR1
+    (before uvicorn runs, its default action ends the worker at once)."""
+    supervisor = multiprocessing.parent_process()
+    pid = supervisor.pid if supervisor is not None else None
+    assert pid is not None, "a worker is started by the supervisor"
+    signal.signal(signal.SIGUSR1, _supervisor_gone)
+    die_with_parent(signal.SIGUSR1, pid)
+
+
+def _supervisor_gone(signum: int, frame: FrameType | None) -> None:
+    log.error("the supervisor is gone: stopping (in-flight requests are cut after %.1fs)", ORPHAN_GRACE)
+    # SIGALRM's default action ends the process if the drain outlasts the grace
+    signal.setitimer(signal.ITIMER_REAL, ORPHAN_GRACE)
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's shutdown: the listening sockets close first
+
+
 def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
+    stop_with_supervisor()
     import asyncio
 
     import uvicorn
