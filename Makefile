@@ -22,7 +22,8 @@ $(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $(DEV_STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and the benchmark use when present: faketime (moves Redis's clock),
-# Redis 7 (second server version), nginx + wrk (benchmark). Installed only when missing and root.
+# Redis 7 (second server version), promtool (the chart's alerts), nginx + wrk (benchmark). Installed only
+# when missing and root.
 system-deps:
 	@bash scripts/system-deps.sh
 
