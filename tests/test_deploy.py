@@ -34,12 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import httpx
 import jsonschema
 import pytest
 import yaml
 from kubernetes_validate import utils as kv
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.gateway_proc import GatewayProcess
 from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -958,19 +963,12 @@ routes:
 def live_scrape(tmp_path: Path, upstream_url: str) -> dict[str, set[str]]:
     """A real gateway's /metrics after an admitted, a refused, a shadow-refused, an upstream-failed
     request, a reload and a Redis outage: every series name with the label names it carries."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from tests.support.gateway_proc import GatewayProcess
-    from tests.support.redis_proc import RedisProcess
-
     redis = RedisProcess()
     redis.start()
     gateway = GatewayProcess(LIVE_ROUTES.format(upstream=upstream_url, closed=free_port()), tmp_path,
                              redis_url=redis.url)
     gateway.start()
     try:
-        import httpx
-
         assert httpx.get(gateway.url + "/echo/limited").status_code == 200
         assert httpx.get(gateway.url + "/echo/limited").status_code == 429
         assert httpx.get(gateway.url + "/broken").status_code == 502
@@ -1005,7 +1003,7 @@ def grouped_by(expr: str) -> set[str]:
 
 @pytest.mark.timeout(120)
 def test_every_dashboard_and_alert_expression_reads_what_the_gateway_exports(tmp_path: Path,
-                                                                            upstream: Any) -> None:
+                                                                            upstream: Upstream) -> None:
     docs = manifests(OPERATORS_KIT)
     expressions = dashboard_expressions(dashboard(docs)) + [r["expr"] for r in alert_rules(docs)]
     scraped = live_scrape(tmp_path, upstream.url)
@@ -1022,3 +1020,58 @@ def test_every_dashboard_and_alert_expression_reads_what_the_gateway_exports(tmp
     shown = {name for expr in expressions for name, _ in referenced(expr)}
     families = {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in every_metric}
     assert families <= {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in shown}, "every metric on the board"
+
+
+def deploy_doc_block(first_line: str) -> str:
+    """The ```yaml block of docs/deploy.md whose first line is `first_line`."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+        if block.startswith(first_line + "\n"):
+            return str(block)
+    raise AssertionError(f"docs/deploy.md has no yaml block starting {first_line!r}")
+
+
+@pytest.mark.timeout(120)
+def test_the_deploy_docs_walk_from_helm_install_to_a_429(tmp_path: Path, upstream: Upstream) -> None:
+    """docs/deploy.md's routes-shop.yaml and values-shop.yaml, as written there: the chart takes them
+    (strict lint, valid manifests, an Ingress to the proxy Service, the shop's URL in the pods), and
+    the routes, served by a real gateway in front of a real upstream, answer the sixth login with 429."""
+    routes = deploy_doc_block("# routes-shop.yaml")
+    values = {**yaml.safe_load(deploy_doc_block("# values-shop.yaml")), "routes": routes}
+    report = helm.lint(CHART, values, strict=True, namespace="edge", kube_version=f"v{KUBE_VERSIONS[-1]}")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name="shop-edge", namespace="edge")
+    docs = [d for name, text in sorted(rendered.items()) if name.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        if doc["kind"] not in CRD_SCHEMAS:
+            kv.validate(doc, KUBE_VERSIONS[-1], strict=True)
+    kinds = {d["kind"] for d in docs}
+    assert {"Ingress", "PrometheusRule", "ServiceMonitor"} <= kinds
+    (ingress,) = [d for d in docs if d["kind"] == "Ingress"]
+    assert ingress["metadata"]["name"] == "shop-edge-gateway"
+    assert ingress["spec"]["rules"][0]["host"] == "shop.example.com"
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    env = pod_env(deployment)
+    assert env["UPSTREAM_SHOP"] == "http://shop.shop.svc:8080" and "UPSTREAM_BACKEND" not in env
+
+    redis = RedisProcess()
+    redis.start()
+    gateway = GatewayProcess(routes, tmp_path, redis_url=redis.url, env={"UPSTREAM_SHOP": upstream.url})
+    gateway.start()
+    try:
+        checked = subprocess.run([sys.executable, "-m", "gateway", "check", str(gateway.config_path)], cwd=ROOT,
+                                 env={**os.environ, "UPSTREAM_SHOP": "http://shop:8080"}, capture_output=True,
+                                 text=True, timeout=60)
+        assert checked.stdout.strip() == f"{gateway.config_path}: ok (2 routes, 2 rules, 1 upstream)", checked.stderr
+        logins = [httpx.post(gateway.url + "/login", content=b'{"user": "a"}') for _ in range(6)]
+        assert [r.status_code for r in logins] == [200] * 5 + [429]
+        refused = logins[-1]
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.headers["ratelimit-policy"] == '"per-ip";q=5;w=900'
+        assert 0 < int(refused.headers["retry-after"]) <= 900
+        assert refused.json()["route"] == "login" and refused.json()["rule"] == "per-ip"
+    finally:
+        gateway.stop()
+        redis.stop()
