@@ -871,6 +871,10 @@ def test_dashboard_rule_and_ingress_are_off_by_default_and_render_as_configured(
     assert env["UPSTREAM_BACKEND"] == "http://shop.shop.svc:8080"
     assert env["UPSTREAM_PAYMENTS_API"] == "https://payments.example.net"
     assert "url: ${UPSTREAM_BACKEND}" in one(docs, "ConfigMap")["data"]["routes.yaml"]
+    notes = render(OPERATORS_KIT)["gateway/templates/NOTES.txt"]
+    assert "https://shop.example.com/, https://api.example.com/v1" in notes and "trusted_proxies" in notes
+    assert f"PrometheusRule {FULLNAME}" in notes and f"ConfigMap {FULLNAME}-dashboard" in notes
+    assert "Ingress:" not in render({})["gateway/templates/NOTES.txt"]
 
 
 def rules_file(tmp_path: Path, with_annotations: bool = True) -> Path:
