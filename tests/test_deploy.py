@@ -621,8 +621,8 @@ REFUSED = [
     ({"routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "")},
      "the chart passes the admin token as ADMIN_TOKEN but routes does not read it"),
     ({"admin": {"existingSecret": "adm", "token": "x"}}, "set admin.token or admin.existingSecret, not both"),
-    ({"upstreams": {"backend": None}}, "routes reads ${UPSTREAM_BACKEND}, which no value sets: add `upstreams: "
-                                       "{backend: URL}`"),
+    ({"routes": REPO_ROUTES.replace("${SHOP_URL:-http://127.0.0.1:9000}", "${UPSTREAM_SHOP_API}")},
+     "routes reads ${UPSTREAM_SHOP_API}, which no value sets: add `upstreams: {shop-api: URL}`"),
     ({"upstreams": {"shop": "shop.svc:8080"}}, "/upstreams/shop"),
     ({"ingress": {"enabled": True, "hosts": [{"host": "a.example.com", "paths": [{"path": "v1"}]}]}},
      "/ingress/hosts/0/paths/0/path"),
@@ -870,7 +870,8 @@ def test_dashboard_rule_and_ingress_are_off_by_default_and_render_as_configured(
     env = pod_env(one(docs, "Deployment"))
     assert env["UPSTREAM_BACKEND"] == "http://shop.shop.svc:8080"
     assert env["UPSTREAM_PAYMENTS_API"] == "https://payments.example.net"
-    assert "url: ${UPSTREAM_BACKEND}" in one(docs, "ConfigMap")["data"]["routes.yaml"]
+    assert "url: ${UPSTREAM_BACKEND:-http://backend:8080}" in one(docs, "ConfigMap")["data"]["routes.yaml"]
+    assert "UPSTREAM_BACKEND" not in pod_env(one(manifests({}), "Deployment")), "the routes' default then"
     notes = render(OPERATORS_KIT)["gateway/templates/NOTES.txt"]
     assert "https://shop.example.com/, https://api.example.com/v1" in notes and "trusted_proxies" in notes
     assert f"PrometheusRule {FULLNAME}" in notes and f"ConfigMap {FULLNAME}-dashboard" in notes
