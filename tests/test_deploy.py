@@ -206,7 +206,7 @@ def dockerignore_excludes(path: str) -> bool:
 
 
 def test_dockerignore_keeps_what_the_build_copies_and_nothing_else() -> None:
-    needed = [*builder_sources(), "routes.yaml", "gateway/config.py", "lua/decide.lua"]
+    needed = [*builder_sources(), "routes.yaml", "gateway/config/loader.py", "lua/decide.lua"]
     for path in needed:
         assert not dockerignore_excludes(path.rstrip("/")), f"{path} is needed by the build but ignored"
     for path in (".git/HEAD", ".venv/bin/python", "tests/test_deploy.py", "helm/gateway/Chart.yaml",
@@ -707,7 +707,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(300)
 def test_wheel_holds_the_package_and_its_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("gateway/lua/decide.lua", "gateway/cli.py", "gateway/config.py", "gateway/py.typed",
+    for needed in ("gateway/lua/decide.lua", "gateway/cli.py", "gateway/config/loader.py", "gateway/py.typed",
                    "gateway/routes.schema.json"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("tests/", "bench/", "helm/", "lua/"))]
@@ -841,8 +841,10 @@ def test_dashboard_rule_and_ingress_are_off_by_default_and_render_as_configured(
                    "Circuit breaker", "Upstream latency", "Upstream errors"):
         assert wanted in titles
     for panel in board["panels"]:
-        if panel["type"] != "row":
+        if panel["type"] not in ("row", "text"):
             assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel["title"]
+    (top,) = [p for p in board["panels"] if p["type"] == "text"]
+    assert "/top?window=15m" in top["options"]["content"], "who is refused: the admin API's top list"
     assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
 
     rule = one(docs, "PrometheusRule")
@@ -976,6 +978,9 @@ def live_scrape(tmp_path: Path, upstream_url: str) -> dict[str, set[str]]:
     try:
         assert httpx.get(gateway.url + "/echo/limited").status_code == 200
         assert httpx.get(gateway.url + "/echo/limited").status_code == 429
+        # the dashboard's "Top refused identities" panel sends operators here
+        top = httpx.get(gateway.admin_url + "/top", params={"window": "15m", "limit": "20"}).json()["top"]
+        assert [(t["route"], t["rule"], t["refusals"]) for t in top] == [("limited", "once", 1)]
         assert httpx.get(gateway.url + "/broken").status_code == 502
         assert httpx.post(gateway.admin_url + "/reload").status_code == 200
         redis.stop()
