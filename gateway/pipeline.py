@@ -35,8 +35,10 @@ from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime
+from gateway.settlement import Settlement
 
 MAX_COST_HEADER = 1_000_000_000
+SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
 
 
 class RequestOutcome(StrEnum):
@@ -96,6 +98,7 @@ class Admit:
     body_prefix: bytes | None        # body already read for a `body` identity, to be sent first
     more_body: bool                  # more of the body is still to come from the client
     decided_by: DecidedBy = DecidedBy.NONE
+    settlement: Settlement | None = None  # what the answer may still charge or give back
 
     @property
     def route(self) -> str:
@@ -137,7 +140,7 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
-    rules, keys, costs, args = identified
+    rules, keys, costs, args, shard = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
     try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
@@ -157,8 +160,11 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     if not decision.admitted:
         return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
+    settlement = None
+    if plan.settles:
+        settlement = Settlement(plan, shard, keys, costs, decision, runtime.redis.timeout + SETTLE_MARGIN)
     return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
-                 DecidedBy.REDIS)
+                 DecidedBy.REDIS, settlement)
 
 
 def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
@@ -186,7 +192,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _ = identify(plan, view)
+        rules, keys, costs, _, _ = identify(plan, view)
     except (IdentityMissing, BadRequest):
         return None
     decision = _held_decision(runtime, plan, rules, keys, costs)
@@ -245,6 +251,7 @@ class Identified(NamedTuple):
     keys: list[str]               # one per rule of the route ...
     costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
     args: tuple[RuleSpec, ...]    # the specs of the request's shard
+    shard: int
 
 
 def identify(plan: RoutePlan, view: RequestView) -> Identified:
@@ -252,7 +259,7 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []
-    args, prefix_keys = plan.args, plan.prefix_keys
+    args, prefix_keys, shard = plan.args, plan.prefix_keys, 0
     for i, rule in enumerate(plan.rules):
         parts = rule_identity(rule, view)
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
@@ -265,7 +272,7 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
         rules.append(rule)
         keys.append(rule_key(prefix_keys[i], parts))
         costs.append(_cost(rule, view))
-    return Identified(rules, keys, costs, args)
+    return Identified(rules, keys, costs, args, shard)
 
 
 def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: list[str],

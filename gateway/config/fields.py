@@ -29,6 +29,7 @@ from gateway.config.kinds import (
     Rate,
     Section,
     Source,
+    Status,
     Template,
     Text,
 )
@@ -255,8 +256,13 @@ FIELDS: tuple[Field, ...] = (
        "(leaky_bucket).", default=0, needed_by=_BUCKETS),
     _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
        "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
-    _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, or header:NAME (the client "
-       "declares it).", default=1),
+    _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
+       "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
+       "header is removed before the client sees it).", default=1),
+    _f(RULE, "count_on", ListOf(Status()), "Charge only answers with these statuses or classes ([401, 403], "
+       "[5xx]), when the answer comes; the rule refuses once its budget is spent.", default=()),
+    _f(RULE, "refund_on", ListOf(Status()), "Give back the units charged at admission when the answer has one "
+       "of these statuses or classes (the gateway's own 502 and 504 included).", default=()),
     _f(RULE, "status", Integer(400, 599), "Status of a refusal.", default=429),
     _f(RULE, "shadow", Boolean(), "Evaluate and count, never refuse.", default=False),
     _f(RULE, "on_missing", Choice(ON_MISSING), "Identity absent: reject (400), skip the rule, or fall back "

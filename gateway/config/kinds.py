@@ -328,19 +328,43 @@ class Source(Kind):
 
 @dataclass(frozen=True)
 class Cost(Kind):
-    """A number of units, or header:NAME (the client declares it)."""
+    """A number of units, header:NAME (the client declares it) or response_header:NAME (the
+    upstream declares it in its answer)."""
 
     high: int
 
     def describe(self) -> str:
-        return "integer, or header:NAME"
+        return "integer, header:NAME or response_header:NAME"
 
     def schema(self) -> Schema:
         return {"anyOf": [
             {"type": "integer", "minimum": 1, "maximum": self.high},
-            {"type": "string", "pattern": r"^header:\s*[A-Za-z0-9-]{1,64}\s*$"},
+            {"type": "string", "pattern": r"^(response_)?header:\s*[A-Za-z0-9-]{1,64}\s*$"},
             ENV,
         ]}
+
+
+@dataclass(frozen=True)
+class Status(Scalar):
+    """An HTTP status (401) or a class of them (5xx): the statuses it covers."""
+
+    noun = "a status (401) or a class (4xx)"
+
+    def describe(self) -> str:
+        return "status or class (4xx)"
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        text = text.strip().lower()
+        if re.fullmatch(r"[1-5]xx", text):
+            first = int(text[0]) * 100
+            return tuple(range(first, first + 100))
+        if re.fullmatch(r"[1-5][0-9][0-9]", text):
+            return (int(text),)
+        raise ValueError(f"{text!r} is neither a status from 100 to 599 nor a class such as 5xx")
+
+    def schema(self) -> Schema:
+        return or_env({"anyOf": [{"type": "integer", "minimum": 100, "maximum": 599},
+                                 {"type": "string", "pattern": r"^\s*([1-5][0-9][0-9]|[1-5][xX][xX])\s*$"}]})
 
 
 def definitions() -> Schema:

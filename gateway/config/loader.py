@@ -537,7 +537,10 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for pkey in needed:
         if pkey not in found:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
-    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing"])
+    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing", "count_on", "refund_on"])
+    for statuses in ("count_on", "refund_on"):
+        if statuses in values:
+            values[statuses] = frozenset(status for covered in values[statuses] for status in covered)
     if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
         message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
         r.problem(found.nodes["limit"], f"{key}.limit", message)
@@ -561,7 +564,29 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     if rule.cost > rule.capacity:
         message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
         r.problem(found.nodes.get("cost"), f"{key}.cost", message)
+    _check_settling(rule, found, key, r)
     return rule
+
+
+def _check_settling(rule: Rule, found: Found, key: str, r: _Reader) -> None:
+    """What counting by the answer cannot do (docs/algorithms.md, "Counting by the answer")."""
+    after = "count_on" if rule.count_on else "cost" if rule.cost_response_header else None
+    if after and rule.algorithm == Algorithm.LEAKY_BUCKET:
+        r.problem(found.nodes[after], f"{key}.{after}", "a leaky_bucket places a request in its queue at "
+                  "admission; it cannot be charged after the answer")
+    if rule.count_on and rule.cost_header:
+        r.problem(found.nodes["count_on"], f"{key}.count_on", "a cost the client declares (header:NAME) is "
+                  "charged at admission; count_on charges after the answer (use a number or response_header:NAME)")
+    if not rule.refund_on:
+        return
+    node = found.nodes["refund_on"]
+    if after:
+        r.problem(node, f"{key}.refund_on", "nothing is charged at admission to give back: the rule is charged "
+                  f"after the answer ({after})")
+    elif rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.SLIDING_LOG):
+        why = ("has already delayed the request" if rule.algorithm == Algorithm.LEAKY_BUCKET
+               else "logs each admission at its moment; giving another's back would admit too many")
+        r.problem(node, f"{key}.refund_on", f"a {rule.algorithm} cannot give units back: it {why}")
 
 
 def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
@@ -569,6 +594,11 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
     text = r.text(node, key)
     if text is None:
         return {}
+    if text.startswith("response_header:"):
+        header = text[len("response_header:"):].strip().lower()
+        if header in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9-]{1,64}$", header):
+            r.problem(node, key, f"{text!r} names no header an upstream's answer may carry")
+        return {"cost_response_header": header}
     if text.startswith("header:"):
         header = text[len("header:"):].strip().lower()
         if header in UNREADABLE_HEADERS:
@@ -581,7 +611,7 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
         if not 1 <= cost <= MAX_COST:
             raise ValueError
     except ValueError:
-        r.problem(node, key, f"{text!r} must be a whole number >= 1 or header:NAME")
+        r.problem(node, key, f"{text!r} must be a whole number >= 1, header:NAME or response_header:NAME")
         return {}
     return {"cost": cost}
 

@@ -60,13 +60,26 @@ class Rule:
     rate: float = default(P.RULE, "rate")          # per second; buckets
     burst: int = default(P.RULE, "burst")          # buckets
     cost: int = default(P.RULE, "cost")
-    cost_header: str | None = None
+    cost_header: str | None = None                 # the client declares the cost (header:NAME)
+    cost_response_header: str | None = None        # the upstream declares it (response_header:NAME)
+    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
+    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
     status: int = default(P.RULE, "status")
     shadow: bool = default(P.RULE, "shadow")
     on_missing: str = default(P.RULE, "on_missing")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
+
+    @property
+    def charged_after(self) -> bool:
+        """Checked at admission, charged when the answer comes (count_on, cost: response_header)."""
+        return bool(self.count_on) or self.cost_response_header is not None
+
+    @property
+    def settles(self) -> bool:
+        """Whether the answer may change what this rule counts."""
+        return self.charged_after or bool(self.refund_on)
 
     @property
     def capacity(self) -> int:
