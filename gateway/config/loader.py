@@ -27,6 +27,7 @@ from gateway.config.fields import (
     SLIDING_LOG_MAX,
     Algorithm,
     Place,
+    default,
     fields,
     keys,
     parameters,
@@ -121,13 +122,15 @@ class _Reader:
                 found.missing.add(f.key)
         return not found.missing
 
-    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None) -> dict[str, Any]:
-        """The typed values of `place`'s scalar keys present in `found` (or of those in `only`), by the
-        model's attribute names. A value that cannot be typed is a problem, and its key is in found.bad."""
-        wanted = None if only is None else set(only)
+    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None,
+             skip: Iterable[str] = ()) -> dict[str, Any]:
+        """The typed values of `place`'s scalar keys present in `found` (those in `only`, but not in
+        `skip`), by the model's attribute names. A value that cannot be typed is a problem, and its key
+        is in found.bad."""
+        wanted, unwanted = None if only is None else set(only), set(skip)
         out: dict[str, Any] = {}
         for f in fields(place):
-            if f.key not in found or (wanted is not None and f.key not in wanted):
+            if f.key not in found or f.key in unwanted or (wanted is not None and f.key not in wanted):
                 continue
             if not isinstance(f.kind, Scalar | ListOf) or not isinstance(getattr(f.kind, "item", f.kind), Scalar):
                 continue
@@ -146,7 +149,7 @@ class _Reader:
         if items is None:
             return None
         values = (self.typed(item, f"{key}[{j}]", kind.item.noun, kind.item.parse) for j, item in enumerate(items))
-        return [v for v in values if v is not None]
+        return tuple(v for v in values if v is not None)
 
     def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node] | None:
         if not isinstance(node, yaml.SequenceNode):
@@ -257,7 +260,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         return None
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
-    settings["trusted_proxies"] = tuple(settings.get("trusted_proxies", ()))
+    settings.setdefault("trusted_proxies", default(Place.TOP, "trusted_proxies"))  # a Config field without default
     redis = _redis(top, r)
     defaults = {f.key: f.default for f in fields(Place.DEFAULTS)}
     if "defaults" in top:
@@ -287,7 +290,7 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
     if found is None:
         return JwtSettings()
     values = r.read(found, "jwt", Place.JWT)
-    algorithms: list[str] = values.pop("algorithms", [])
+    algorithms: tuple[str, ...] = values.pop("algorithms", ())
     file = values.pop("public_key_file", None)
     if file:
         try:
@@ -296,12 +299,12 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
             r.problem(found.nodes["public_key_file"], "jwt.public_key_file", f"cannot read: {exc.strerror}")
     secret, public_key = values.get("secret"), values.get("public_key")
     if not algorithms:
-        algorithms = ["HS256"] if secret else ["RS256"]
+        algorithms = ("HS256",) if secret else ("RS256",)
     if any(a.startswith("HS") for a in algorithms) and not secret:
         r.problem(node, "jwt.secret", "is required for HS* algorithms")
     if any(not a.startswith("HS") for a in algorithms) and not public_key:
         r.problem(node, "jwt.public_key", "is required for RS*/ES* algorithms")
-    values.update(algorithms=tuple(algorithms), secret=secret or None, public_key=public_key or None)
+    values.update(algorithms=algorithms, secret=secret or None, public_key=public_key or None)
     if "header" in values:
         values["header"] = (values["header"] or "authorization").lower()
     return JwtSettings(**values)
@@ -376,7 +379,7 @@ def _route(
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
-    values = {**defaults, **r.read(found, key, Place.ROUTE, only=["upstream", "failure_mode", "headers", "shards"])}
+    values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
     path, methods, host = _match(found.nodes["match"], f"{key}.match", r)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
@@ -487,7 +490,8 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for pkey in needed:
         if pkey not in found:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
-    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing"])
+    foreign = [f.key for f in fields(Place.RULE) if f.is_parameter and f.key not in takes]
+    values = r.read(found, key, Place.RULE, skip=["name", "algorithm", *foreign])
     if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
         message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
         r.problem(found.nodes["limit"], f"{key}.limit", message)
