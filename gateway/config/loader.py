@@ -32,7 +32,17 @@ from gateway.config.fields import (
     keys,
     parameters,
 )
-from gateway.config.kinds import ENV_REF, NAMELESS_SOURCES, SOURCE_KINDS, ListOf, Name, Scalar, path_params
+from gateway.config.kinds import (
+    ENV_REF,
+    NAMELESS_SOURCES,
+    SOURCE_KINDS,
+    Kind,
+    ListOf,
+    Name,
+    Scalar,
+    is_typed,
+    path_params,
+)
 from gateway.config.model import (
     Config,
     JwtSettings,
@@ -132,7 +142,7 @@ class _Reader:
         for f in fields(place):
             if f.key not in found or f.key in unwanted or (wanted is not None and f.key not in wanted):
                 continue
-            if not isinstance(f.kind, Scalar | ListOf) or not isinstance(getattr(f.kind, "item", f.kind), Scalar):
+            if not is_typed(f.kind):
                 continue
             value = self.value(found.nodes[f.key], _join(key, f.key), f.kind)
             if value is None:
@@ -141,9 +151,11 @@ class _Reader:
                 out[f.name] = value
         return out
 
-    def value(self, node: yaml.Node, key: str, kind: Scalar | ListOf) -> Any:
+    def value(self, node: yaml.Node, key: str, kind: Kind) -> Any:
+        """The value at `node` typed by `kind` (see kinds.is_typed), or None after a problem."""
         if isinstance(kind, Scalar):
             return self.typed(node, key, kind.noun, kind.parse)
+        assert isinstance(kind, ListOf), kind
         assert isinstance(kind.item, Scalar), kind
         items = self.sequence(node, key)
         if items is None:
