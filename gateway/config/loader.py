@@ -279,7 +279,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         found = r.section(top.nodes["defaults"], "defaults", Place.DEFAULTS)
         defaults.update(r.read(found, "defaults", Place.DEFAULTS) if found else {})
     jwt = _jwt(top.nodes["jwt"], r) if "jwt" in top else JwtSettings()
-    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):
+    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):  # their keys are Config's own (Field.attr)
         if place.value in top:
             found = r.section(top.nodes[place.value], place.value, place)
             settings.update(r.read(found, place.value, place) if found else {})
