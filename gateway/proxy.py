@@ -31,7 +31,10 @@ from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
 
-BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
+BUFFERED_BODY_BYTES = 16 * 1024  # of a request body, read before an upstream connection is taken
+MIN_BODY_RATE = 240.0      # bytes a second a request body averages once BODY_RATE_GRACE has passed ...
+BODY_RATE_GRACE = 5.0      # ... seconds of waiting for it (Kestrel's MinRequestBodyDataRate defaults)
 TRANSPORTS = ("lean", "httpx")
 
 
@@ -92,6 +95,10 @@ class UpstreamClient:
         Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
         ClientDisconnected (ClientTooSlow) when the client's body stopped first.
         """
+        if body is not None:
+            # A client decides how fast its body comes: a small one is read whole, and the start of
+            # a large one, before an upstream connection is taken (nginx buffers bodies likewise)
+            await body.buffer(BUFFERED_BODY_BYTES)
         target = self.path_prefix + request.raw_path
         if request.query:
             target += b"?" + request.query
@@ -177,28 +184,62 @@ class RequestBody(httpx.AsyncByteStream):
     The transport reads it while the upstream may already be answering; a failure on the client's
     side is kept in `failure` and raised as ClientDisconnected/ClientTooSlow, never as an httpx
     error, so the caller answers for the client (408/499), not the upstream.
+
+    A client may pause its body for `timeout` (the body timeout) at most, and, once BODY_RATE_GRACE seconds
+    have been spent waiting for it, must have sent MIN_BODY_RATE bytes for each second waited: a
+    byte a second keeps no upstream connection. Only the time spent waiting for the client counts,
+    not the time the upstream takes to read what was sent.
     """
 
-    def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:
+    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = BODY_CHUNK_TIMEOUT,
+                 min_rate: float | None = None, grace: float | None = None) -> None:
         self.prefix = prefix
         self.more = more
         self.receive = receive
+        self.timeout = timeout
         self.failure: ClientDisconnected | None = None
+        self.min_rate = MIN_BODY_RATE if min_rate is None else min_rate
+        self.grace = BODY_RATE_GRACE if grace is None else grace
+        self.received = len(prefix)
+        self.waited = 0.0  # seconds spent waiting for the client's bytes
+
+    async def buffer(self, limit: int) -> None:
+        """Read on until the body ends or `limit` bytes of it are held."""
+        if not self.more or len(self.prefix) >= limit:
+            return
+        chunks = [self.prefix]
+        size = len(self.prefix)
+        while self.more and size < limit:
+            chunk = await self._next()
+            chunks.append(chunk)
+            size += len(chunk)
+        self.prefix = b"".join(chunks)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self.prefix:
             yield self.prefix
-        more = self.more
-        while more:
-            try:
-                message = await asyncio.wait_for(self.receive(), BODY_CHUNK_TIMEOUT)
-            except TimeoutError:
-                self.failure = ClientTooSlow()
-                raise self.failure from None
-            if message["type"] == "http.disconnect":
-                self.failure = ClientDisconnected()
-                raise self.failure
-            chunk = message.get("body", b"")
-            more = message.get("more_body", False)
+        while self.more:
+            chunk = await self._next()
             if chunk:
                 yield chunk
+
+    async def _next(self) -> bytes:
+        allowed = min(self.timeout, self.grace + self.received / self.min_rate - self.waited)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            if allowed <= 0:
+                raise TimeoutError
+            message = await asyncio.wait_for(self.receive(), allowed)
+        except TimeoutError:
+            self.failure = ClientTooSlow()
+            raise self.failure from None
+        finally:
+            self.waited += loop.time() - started
+        if message["type"] == "http.disconnect":
+            self.failure = ClientDisconnected()
+            raise self.failure
+        chunk: bytes = message.get("body", b"")
+        self.more = message.get("more_body", False)
+        self.received += len(chunk)
+        return chunk

@@ -7,7 +7,7 @@ the old one closes what the new one does not reuse once its last request has fin
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway import metrics
 from gateway.breaker import Breaker, BreakerState
@@ -123,10 +123,15 @@ def build_runtime(
         same = old is not None and old.upstream == upstream and old.kind == transport
         clients[name] = old if old is not None and same else UpstreamClient(upstream, transport)
     plans: dict[str, RoutePlan] = {}
+    # a route matched on a JWT claim: which route a request takes depends on the clock (the token's
+    # exp), so no request is kept as a repeat (gateway/repeats.py)
+    matches_jwt = any(route.when.jwt for route in config.routes)
     for route in config.routes:
         client = clients[route.upstream.name] if route.upstream else None
-        plans[route.name] = route_plan(route, redis.key_prefix, client)
-    uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by)
+        plan = route_plan(route, redis.key_prefix, client)
+        plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
+    uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
+        r.when.jwt for r in config.routes)
     return Runtime(
         config=config,
         redis=redis,

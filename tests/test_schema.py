@@ -348,6 +348,8 @@ BEYOND_A_SCHEMA = {
     "hop_by_hop_identity": "a case-insensitive list of header names (unreadable as a pattern)",
     "impossible_cost": "compares cost with the rule's capacity",
     "jwt_without_key": "a source that depends on another section",
+    "match_hop_by_hop_header": "a case-insensitive list of header names (unreadable as a pattern)",
+    "match_jwt_without_key": "a condition that depends on another section",
     "missing_path_param": "a source that depends on the route's path",
     "missing_upstream": "a reference to another section",
     "shards_cost_exceeds_share": "arithmetic over the rules",

@@ -17,6 +17,7 @@ from typing import Any
 from gateway.config.kinds import (
     Boolean,
     Choice,
+    Conditions,
     Cost,
     Duration,
     Integer,
@@ -226,6 +227,12 @@ FIELDS: tuple[Field, ...] = (
     _f(MATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
        "Methods the route owns (any other is a 405); absent: every method.", default=None),
     _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),
+    _f(MATCH, "headers", Conditions(presence=True), "Headers the request must carry: NAME: VALUE, NAME: [VALUES] "
+       "or NAME: true (present). Not met: the next route is tried.", default=None),
+    _f(MATCH, "jwt", Conditions(), "Claims of a verified bearer token: CLAIM: VALUE or [VALUES] (needs the jwt: "
+       "section). No token, or one that does not verify, meets none.", default=None),
+    _f(MATCH, "client", ListOf(Network()), "Client addresses (CIDRs), as the ip identity reads them (after "
+       "trusted_proxies). Not met: the next route is tried.", default=None),
 
     _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
     _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",

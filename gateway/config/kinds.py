@@ -291,6 +291,26 @@ class Named(Kind):
                 "additionalProperties": {"$ref": f"#/$defs/{self.place}"}}
 
 
+@dataclass(frozen=True)
+class Conditions(Kind):
+    """A mapping of names (of headers or JWT claims) to a value, a list of values, or (where
+    `presence`) true: the name is present with any value. Read by the loader."""
+
+    presence: bool = False
+
+    def describe(self) -> str:
+        return "mapping of name to value, [values]" + (" or true" if self.presence else "")
+
+    def schema(self) -> Schema:
+        value: Schema = {"anyOf": [{"type": ["string", "number"]}, ENV]}
+        choices: list[Schema] = [value, {"type": "array", "items": value, "minItems": 1}]
+        if self.presence:
+            choices.append({"const": True})
+        return {"type": "object", "minProperties": 1,
+                "propertyNames": {"type": "string", "pattern": r"^[A-Za-z0-9_.:-]{1,128}$"},
+                "additionalProperties": {"anyOf": choices}}
+
+
 SOURCE_KINDS = ("ip", "method", "body", "header", "query", "path", "cookie", "jwt")
 NAMELESS_SOURCES = ("ip", "method", "body")
 

@@ -36,6 +36,7 @@ from gateway.config.kinds import (
     ENV_REF,
     NAMELESS_SOURCES,
     SOURCE_KINDS,
+    TRUE,
     Kind,
     ListOf,
     Name,
@@ -44,6 +45,7 @@ from gateway.config.kinds import (
     path_params,
 )
 from gateway.config.model import (
+    Conditions,
     Config,
     JwtSettings,
     RedisSettings,
@@ -392,7 +394,7 @@ def _route(
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
     values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
-    path, methods, host = _match(found.nodes["match"], f"{key}.match", r)
+    path, methods, host, when = _match(found.nodes["match"], f"{key}.match", r, jwt)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
     if upstream is None and upstream_name is not None:
@@ -403,16 +405,65 @@ def _route(
         _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
     if name is None or (upstream is None and r.proxy):
         return None
-    return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules), **values)
+    return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
+                 when=when, **values)
 
 
-def _match(node: yaml.Node, key: str, r: _Reader) -> tuple[str, frozenset[str] | None, str | None]:
+def _match(node: yaml.Node, key: str, r: _Reader,
+           jwt: JwtSettings) -> tuple[str, frozenset[str] | None, str | None, Conditions]:
     found = r.section(node, key, Place.MATCH)
     if found is None:
-        return "/", None, None
+        return "/", None, None, Conditions()
     values = r.read(found, key, Place.MATCH)
     methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
-    return values.get("path") or "/", methods, values.get("host", "").lower() or None
+    headers: list[tuple[bytes, frozenset[bytes] | None]] = []
+    for name, wanted, name_node in _conditions(found, "headers", key, r, presence=True):
+        name = name.lower()
+        if name in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9_-]{1,64}$", name):
+            r.problem(name_node, f"{key}.headers.{name}", UNREADABLE_HEADERS.get(name, f"{name!r} is no header name"))
+            continue
+        headers.append((name.encode(), None if wanted is None else frozenset(v.encode() for v in wanted)))
+    claims = [(name, frozenset(wanted or ())) for name, wanted, _ in _conditions(found, "jwt", key, r)]
+    if claims and not jwt.algorithms:
+        r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
+                                                    "with a key to verify tokens")
+    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())))
+    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when
+
+
+def _conditions(found: Found, place: str, key: str, r: _Reader,
+                presence: bool = False) -> list[tuple[str, tuple[str, ...] | None, yaml.Node]]:
+    """`match.headers` or `match.jwt`: (name, the values it may have or None for any, its node)."""
+    if place not in found:
+        return []
+    node = found.nodes[place]
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        r.problem(node, f"{key}.{place}", "must be a mapping of name to value, [values]" +
+                  (" or true" if presence else ""))
+        return []
+    out: list[tuple[str, tuple[str, ...] | None, yaml.Node]] = []
+    for name_node, value_node in node.value:
+        name = r.text(name_node, f"{key}.{place}")
+        if not name:
+            continue
+        where = f"{key}.{place}.{name}"
+        if isinstance(value_node, yaml.SequenceNode):
+            items = [r.text(item, where) for item in value_node.value]
+            if not items or any(item is None for item in items):
+                r.problem(value_node, where, "must list at least one value")
+                continue
+            out.append((name, tuple(item.strip() for item in items if item is not None), name_node))
+            continue
+        text = r.text(value_node, where)
+        if text is None:
+            continue
+        if presence and value_node.tag == "tag:yaml.org,2002:bool" and text.lower() in TRUE:
+            out.append((name, None, name_node))
+        elif value_node.tag == "tag:yaml.org,2002:bool":
+            r.problem(value_node, where, "must be a value or [values]" + (" (true: present)" if presence else ""))
+        else:
+            out.append((name, (text.strip(),), name_node))
+    return out
 
 
 def _rules(

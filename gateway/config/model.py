@@ -87,6 +87,22 @@ class Rule:
         return self.window
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """Who is asking, beyond path, methods and host (`match: headers, jwt, client`): every one given
+    must hold, or the route is passed over for the next."""
+
+    headers: tuple[tuple[bytes, frozenset[bytes] | None], ...] = ()  # name, its values (None: present)
+    jwt: tuple[tuple[str, frozenset[str]], ...] = ()                 # claim, its values
+    client: tuple[Network, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.headers or self.jwt or self.client)
+
+
 @dataclass(frozen=True)
 class Route:
     name: str
@@ -98,6 +114,7 @@ class Route:
     failure_mode: str = default(P.ROUTE, "failure_mode")
     headers: str = default(P.ROUTE, "headers")
     shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
+    when: Conditions = Conditions()            # match: headers, jwt, client
 
     @property
     def split(self) -> tuple[bool, ...]:
@@ -145,7 +162,7 @@ LOCAL_REFUSALS_HOLD: float = default(P.LOCAL_REFUSALS, "max_hold")  # seconds be
 class Config:
     source: str
     redis: RedisSettings
-    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    trusted_proxies: tuple[Network, ...]
     upstreams: Mapping[str, Upstream]
     routes: tuple[Route, ...]
     jwt: JwtSettings = field(default_factory=JwtSettings)

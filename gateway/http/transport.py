@@ -13,8 +13,10 @@ Framing is strict (SPEC section 4): exactly one response is read per request; by
 close the connection and are never read as a response; a response head over `MAX_HEAD_BYTES`, a
 transfer-coding other than chunked, or Content-Length with Transfer-Encoding is an invalid
 response; trailers never become headers; a connection whose request body was not sent whole is
-never reused. The request's framing is the caller's: its Content-Length or
-`Transfer-Encoding: chunked` header says how the body is sent.
+never reused, nor one whose answer has no body by its framing (HEAD, 204, 304) while its head
+announces one (a body sent anyway would come late, as the next request's answer). The request's
+framing is the caller's: its Content-Length or `Transfer-Encoding: chunked` header says how the
+body is sent.
 
 Errors leave as httpx's own exception types (ConnectError, ConnectTimeout, PoolTimeout,
 ReadTimeout, RemoteProtocolError, WriteError), so the caller converts one family at one edge.
@@ -173,10 +175,12 @@ class Connection(asyncio.Protocol):
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message ends
         lengths = codings = 0
+        announced = False  # the head announces a body (a length other than 0, or a transfer-coding)
         for name, value in self.headers:
             if name == b"content-length":
                 lengths += 1
                 self.framed = True
+                announced = announced or value.strip() != b"0"
             elif name == b"transfer-encoding":
                 codings += 1
                 if value.strip().lower() != b"chunked":
@@ -184,13 +188,17 @@ class Connection(asyncio.Protocol):
                 self.framed = True
         if codings and lengths:
             raise httptools.HttpParserError("both Content-Length and Transfer-Encoding")
-        if status in (204, 304):
+        if status in (204, 304) or self.head_only:
             self.framed = True
+            if announced or codings:
+                # No body by its framing, yet the head announces one: an upstream that sends it
+                # anyway sends it after the answer ended, possibly after another request was
+                # written, which would read it as its answer. Never reused.
+                self.keep_alive = False
         head = self.head
         if head is not None and not head.done():
             head.set_result(None)
         if self.head_only:
-            self.framed = True
             self._completed()
 
     def on_body(self, body: bytes) -> None:
