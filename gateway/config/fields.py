@@ -81,8 +81,8 @@ class Algorithm(StrEnum):
     QUOTA = "quota"
 
 
-WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)  # limit per window
-BUCKET_ALGORITHMS = (Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET)  # burst, refilled at rate
+WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)
+BUCKET_ALGORITHMS = (Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET)
 ALGORITHMS = tuple(Algorithm)
 
 HEADER_MODES = ("draft", "legacy", "both", "none")
@@ -99,6 +99,9 @@ MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
 MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
 
 NO_DEFAULT: Any = object()
+_WINDOWS = WINDOW_ALGORITHMS
+_BUCKETS = BUCKET_ALGORITHMS
+_QUOTA = (Algorithm.QUOTA,)
 
 
 @dataclass(frozen=True)
@@ -239,14 +242,14 @@ FIELDS: tuple[Field, ...] = (
        required="([] for one shared key)"),
     _f(RULE, "algorithm", Choice(ALGORITHMS), "How the rule counts (README: the algorithms).", required=""),
     _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows) or in total (quota).",
-       default=0, needed_by=(*WINDOW_ALGORITHMS, Algorithm.QUOTA)),
+       default=0, needed_by=(*_WINDOWS, *_QUOTA)),
     _f(RULE, "window", Duration(window=True), "Window length: 1ms to 100 years.", default=0.0,
-       needed_by=WINDOW_ALGORITHMS),
-    _f(RULE, "rate", Rate(), "Refill or leak rate.", default=0.0, needed_by=BUCKET_ALGORITHMS),
+       needed_by=_WINDOWS),
+    _f(RULE, "rate", Rate(), "Refill or leak rate.", default=0.0, needed_by=_BUCKETS),
     _f(RULE, "burst", Integer(1, 1_000_000_000), "Bucket size (token_bucket, gcra) or queue length "
-       "(leaky_bucket).", default=0, needed_by=BUCKET_ALGORITHMS),
+       "(leaky_bucket).", default=0, needed_by=_BUCKETS),
     _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
-       "1ms to 100 years.", attr="window", optional_for=(Algorithm.QUOTA,), shown="never"),
+       "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
     _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, or header:NAME (the client "
        "declares it).", default=1),
     _f(RULE, "status", Integer(400, 599), "Status of a refusal.", default=429),
