@@ -387,7 +387,7 @@ def test_environment_references_are_accepted_where_the_loader_substitutes() -> N
 
 GOOD: dict[str, list[Any]] = {
     "limit": [1, 5, 100_000, 100_001, 1_000_000_000],
-    "window": ["1s", "50ms", "1.5m", "2h", "1d", " 10 s ", "0.5ms"],
+    "window": ["1s", "50ms", "1.5m", "15min", "2h", "1d", " 10 s ", "0.5ms"],
     "period": ["1d", "30m"],
     "rate": ["5/s", "100/min", "1000/h", "10000/d", "2/sec", "1/minute", "0.5/s", "3 / hour"],
     "burst": [1, 10, 1_000_000_000],

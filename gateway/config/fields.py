@@ -81,11 +81,6 @@ class Algorithm(StrEnum):
     LEAKY_BUCKET = "leaky_bucket"
     QUOTA = "quota"
 
-    @property
-    def is_bucket(self) -> bool:
-        """Sized by `burst` and refilled at `rate` (the others count up to `limit`)."""
-        return self in BUCKET_ALGORITHMS
-
 
 WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)
 BUCKET_ALGORITHMS = (Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET)

@@ -240,6 +240,12 @@ class Network(Scalar):
         return {"anyOf": [{"type": "string", "pattern": v4}, {"type": "string", "pattern": v6}, ENV]}
 
 
+def is_typed(kind: Kind) -> bool:
+    """Whether the table alone types a key of this kind (a scalar, or a list of scalars); the loader
+    walks the others (sections, identity sources, costs) itself."""
+    return isinstance(kind, Scalar) or (isinstance(kind, ListOf) and isinstance(kind.item, Scalar))
+
+
 @dataclass(frozen=True)
 class ListOf(Kind):
     item: Kind

@@ -27,11 +27,23 @@ from gateway.config.fields import (
     SLIDING_LOG_MAX,
     Algorithm,
     Place,
+    default,
     fields,
     keys,
     parameters,
 )
-from gateway.config.kinds import ENV_REF, NAMELESS_SOURCES, SOURCE_KINDS, TRUE, ListOf, Name, Scalar, path_params
+from gateway.config.kinds import (
+    ENV_REF,
+    NAMELESS_SOURCES,
+    SOURCE_KINDS,
+    TRUE,
+    Kind,
+    ListOf,
+    Name,
+    Scalar,
+    is_typed,
+    path_params,
+)
 from gateway.config.model import (
     Conditions,
     Config,
@@ -122,15 +134,17 @@ class _Reader:
                 found.missing.add(f.key)
         return not found.missing
 
-    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None) -> dict[str, Any]:
-        """The typed values of `place`'s scalar keys present in `found` (or of those in `only`), by the
-        model's attribute names. A value that cannot be typed is a problem, and its key is in found.bad."""
-        wanted = None if only is None else set(only)
+    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None,
+             skip: Iterable[str] = ()) -> dict[str, Any]:
+        """The typed values of `place`'s scalar keys present in `found` (those in `only`, but not in
+        `skip`), by the model's attribute names. A value that cannot be typed is a problem, and its key
+        is in found.bad."""
+        wanted, unwanted = None if only is None else set(only), set(skip)
         out: dict[str, Any] = {}
         for f in fields(place):
-            if f.key not in found or (wanted is not None and f.key not in wanted):
+            if f.key not in found or f.key in unwanted or (wanted is not None and f.key not in wanted):
                 continue
-            if not isinstance(f.kind, Scalar | ListOf) or not isinstance(getattr(f.kind, "item", f.kind), Scalar):
+            if not is_typed(f.kind):
                 continue
             value = self.value(found.nodes[f.key], _join(key, f.key), f.kind)
             if value is None:
@@ -139,15 +153,17 @@ class _Reader:
                 out[f.name] = value
         return out
 
-    def value(self, node: yaml.Node, key: str, kind: Scalar | ListOf) -> Any:
+    def value(self, node: yaml.Node, key: str, kind: Kind) -> Any:
+        """The value at `node` typed by `kind` (see kinds.is_typed), or None after a problem."""
         if isinstance(kind, Scalar):
             return self.typed(node, key, kind.noun, kind.parse)
+        assert isinstance(kind, ListOf), kind
         assert isinstance(kind.item, Scalar), kind
         items = self.sequence(node, key)
         if items is None:
             return None
         values = (self.typed(item, f"{key}[{j}]", kind.item.noun, kind.item.parse) for j, item in enumerate(items))
-        return [v for v in values if v is not None]
+        return tuple(v for v in values if v is not None)
 
     def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node] | None:
         if not isinstance(node, yaml.SequenceNode):
@@ -258,14 +274,14 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         return None
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
-    settings["trusted_proxies"] = tuple(settings.get("trusted_proxies", ()))
+    settings.setdefault("trusted_proxies", default(Place.TOP, "trusted_proxies"))  # a Config field without default
     redis = _redis(top, r)
     defaults = {f.key: f.default for f in fields(Place.DEFAULTS)}
     if "defaults" in top:
         found = r.section(top.nodes["defaults"], "defaults", Place.DEFAULTS)
         defaults.update(r.read(found, "defaults", Place.DEFAULTS) if found else {})
     jwt = _jwt(top.nodes["jwt"], r) if "jwt" in top else JwtSettings()
-    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):
+    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):  # their keys are Config's own (Field.attr)
         if place.value in top:
             found = r.section(top.nodes[place.value], place.value, place)
             settings.update(r.read(found, place.value, place) if found else {})
@@ -288,7 +304,7 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
     if found is None:
         return JwtSettings()
     values = r.read(found, "jwt", Place.JWT)
-    algorithms: list[str] = values.pop("algorithms", [])
+    algorithms: tuple[str, ...] = values.pop("algorithms", ())
     file = values.pop("public_key_file", None)
     if file:
         try:
@@ -297,12 +313,12 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
             r.problem(found.nodes["public_key_file"], "jwt.public_key_file", f"cannot read: {exc.strerror}")
     secret, public_key = values.get("secret"), values.get("public_key")
     if not algorithms:
-        algorithms = ["HS256"] if secret else ["RS256"]
+        algorithms = ("HS256",) if secret else ("RS256",)
     if any(a.startswith("HS") for a in algorithms) and not secret:
         r.problem(node, "jwt.secret", "is required for HS* algorithms")
     if any(not a.startswith("HS") for a in algorithms) and not public_key:
         r.problem(node, "jwt.public_key", "is required for RS*/ES* algorithms")
-    values.update(algorithms=tuple(algorithms), secret=secret or None, public_key=public_key or None)
+    values.update(algorithms=algorithms, secret=secret or None, public_key=public_key or None)
     if "header" in values:
         values["header"] = (values["header"] or "authorization").lower()
     return JwtSettings(**values)
@@ -377,7 +393,7 @@ def _route(
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
-    values = {**defaults, **r.read(found, key, Place.ROUTE, only=["upstream", "failure_mode", "headers", "shards"])}
+    values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
     path, methods, host, when = _match(found.nodes["match"], f"{key}.match", r, jwt)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
@@ -537,7 +553,8 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for pkey in needed:
         if pkey not in found:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
-    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing", "count_on", "refund_on"])
+    foreign = [f.key for f in fields(Place.RULE) if f.is_parameter and f.key not in takes]
+    values = r.read(found, key, Place.RULE, skip=["name", "algorithm", *foreign])
     for statuses in ("count_on", "refund_on"):
         if statuses in values:
             values[statuses] = frozenset(status for covered in values[statuses] for status in covered)
