@@ -27,6 +27,7 @@ import asyncio
 import hmac
 import ipaddress
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -44,21 +45,30 @@ from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token, shard_tags, state_key
 from gateway.limiter import Decision, Outcome
 from gateway.responses import problem
+from gateway.top import MAX_WINDOW
+from gateway.units import parse_duration
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
     from gateway.settings import Settings
+    from gateway.top import TopRefused
 
 A = TypeVar("A")
 T = TypeVar("T")
+# an identity token (gateway.keys.identity_token) that is not a value a client could have sent as
+# is: the digest form; a readable token is its own key= value already
+_TOKEN = re.compile(rb"^~[A-Za-z0-9_-]{20}$")
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 
 class AdminControl(Protocol):
-    """What the admin port needs from the gateway (gateway.app.Gateway is one)."""
+    """What the admin port needs from the gateway (gateway.lifecycle.Lifecycle is one)."""
 
     @property
     def runtime(self) -> Runtime | None: ...
+
+    @property
+    def top(self) -> TopRefused: ...
 
     @property
     def ready(self) -> bool: ...
@@ -227,10 +237,16 @@ def admin_app(control: AdminControl) -> Starlette:
                 return refused
         rule = plan.rules[index]
         values = [v.encode() for v in request.query_params.getlist("key")]
-        if len(values) != len(rule.by):
+        if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
+            values = values[0].split(b":")  # a readable token of several parts, as the access log names it
+        if len(values) == 1 and _TOKEN.match(values[0]) and rule.by and plan.shards == 1:
+            token = values[0].decode()  # an identity token, as the access log and GET /top name it
+        elif len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
-            return problem_response(400, f"give one key= per identity source of the rule ({sources})")
-        token = identity_token(values)
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
+                                         "or one identity token from the access log or /top")
+        else:
+            token = identity_token(values)
         prefix, tags = runtime.redis.key_prefix, shard_tags(route_name, plan.shards)
         split = plan.route.split[index]
         if split:  # a share of the rule in every shard
@@ -288,6 +304,20 @@ def admin_app(control: AdminControl) -> Starlette:
                 out["shard"] = shards[0]
         return JSONResponse(out)
 
+    async def top(request: Request) -> Response:
+        route = request.query_params.get("route") or None
+        try:
+            window = parse_duration(request.query_params.get("window", "5m"))
+            limit = int(request.query_params.get("limit", "20"))
+        except ValueError as exc:
+            return problem_response(400, f"window is a duration (5m, 1h) and limit a whole number: {exc}")
+        if not 0 < window <= MAX_WINDOW or not 0 < limit <= 1000:
+            return problem_response(400, f"window may be up to {MAX_WINDOW // 60} minutes and limit up to 1000")
+        found = control.top.top(window, route, limit)
+        return JSONResponse({"route": route, "window_seconds": window, "top": [{
+            "route": r.route, "rule": r.rule, "identity": r.identity, "refusals": r.refusals,
+            "error": r.error} for r in found]})
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
@@ -306,6 +336,7 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/reload", reload, methods=["POST"]),
             Route("/limits", list_limits, methods=["GET"]),
             Route("/limits/{route}/{rule}", one_key, methods=["GET", "DELETE"]),
+            Route("/top", top, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error},
     )

@@ -8,10 +8,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.settings import Settings, from_env
+
+if TYPE_CHECKING:
+    from gateway.supervisor import WorkerMain
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,7 +86,8 @@ def check(path: str) -> int:
     return 0
 
 
-def serve(settings: Settings) -> int:
+def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
+    """Run the gateway; `worker` replaces the worker's entry point (comparisons in tests and bench)."""
     from gateway.supervisor import Supervisor, configure_logging, file_stamp
 
     configure_logging(settings.log_level)
@@ -103,7 +108,7 @@ def serve(settings: Settings) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 2
-    return Supervisor(settings, config, stamp).run()
+    return Supervisor(settings, config, stamp, worker).run()
 
 
 if __name__ == "__main__":

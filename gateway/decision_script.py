@@ -40,6 +40,18 @@ def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
                     rule.shadow)
 
 
+# sliding_window keeps its window number modulo 10^d in its value; when 10^d windows span at least
+# this long, a state from the future (the clock stepped back) is told by the value alone, and the
+# key's TTL is never read (lua/decide.lua)
+EXACT_SPAN_US = 86_400 * 1_000_000
+
+
+def sliding_window_digits(limit: int) -> int:
+    """Decimal digits of the largest cantor(current, previous) a sliding_window of `limit` stores."""
+    most = 2 * limit
+    return len(str(most * (most + 1) // 2 + limit))
+
+
 class _Dollar(Template):
     delimiter = "@"
 
@@ -119,14 +131,21 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
     if algorithm in ("fixed_window", "quota"):
         return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
     if algorithm == "sliding_window":
+        split = modulus = 1
+        exact = "true"
         if p1 < 2**24:
-            pack = "fmt('%d', ((c + prev) * (c + prev + 1) / 2 + prev) * 4 + wid % 4), last_ms"
+            digits = sliding_window_digits(p1)
+            split, modulus = 1 + digits, 10 ** (18 - digits)
+            pack = (f"fmt('1%0{digits}d%0{18 - digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
+                    f"wid % {modulus}), last_ms")
+            exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
         else:
             pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
         # floats lose exactness past 2^52: a retry rounded up by their step stays honest
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
-            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack)
+            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
+            exact=exact)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
 

@@ -11,7 +11,7 @@ import ipaddress
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import jwt as pyjwt
 
@@ -136,10 +136,13 @@ def _valid_from(token: bytes) -> float:
 class _Pairs:
     """Query parameters or cookies, read for identities. A name sent twice, or one that may be
     hidden past the first MAX_PAIRS, cannot be read as one value (the upstream might read another):
-    asking for it is a 400, as for a repeated header."""
+    asking for it is a 400, as for a repeated header. So is a value holding a separator that common
+    upstream stacks split on where this parser does not (`ambiguous`): `;` in a query value (old
+    CGI and servlet parsers), `,` in a cookie value (RFC 2965 parsers)."""
 
-    def __init__(self, kind: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+    def __init__(self, kind: str, pairs: Iterable[tuple[bytes, bytes]], ambiguous: bytes) -> None:
         self.kind = kind
+        self.ambiguous = ambiguous
         self.found: dict[bytes, bytes] = {}
         self.repeated: set[bytes] = set()
         self.overflow = False
@@ -158,6 +161,9 @@ class _Pairs:
         value = self.found.get(name)
         if value is None and self.overflow:
             raise BadRequest(f"more than {MAX_PAIRS} {self.kind}s: {name.decode('latin-1')} cannot be read")
+        if value is not None and self.ambiguous in value:
+            raise BadRequest(f"{self.kind} {name.decode('latin-1')} holds a {self.ambiguous.decode()!r}, "
+                             "which upstreams split differently")
         return value
 
 
@@ -165,7 +171,7 @@ class RequestView:
     """What identity sources read from one request (`gateway.http.request.Request`, already
     stripped of hop-by-hop fields), computed once and only on demand."""
 
-    __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_prefix",
+    __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_more", "body_prefix",
                  "config", "jwt", "params", "request")
 
     def __init__(
@@ -176,6 +182,7 @@ class RequestView:
         self.config = config
         self.jwt = jwt
         self.body_prefix: bytes | None = None
+        self.body_more = False  # more of the body follows body_prefix
         self._query: _Pairs | None = None
         self._cookies: _Pairs | None = None
         self._ip: str | None = None
@@ -197,15 +204,15 @@ class RequestView:
         if self._query is None:
             pairs = parse_qsl(self.request.query.decode("latin-1"), keep_blank_values=True)
             self._query = _Pairs("query parameter", (
-                (k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape")) for k, v in pairs
-            ))
+                (k.encode("latin-1", "replace"), v.encode("latin-1", "replace").strip(b" \t")) for k, v in pairs
+            ), b";")
         return self._query.get(name)
 
     def cookie(self, name: bytes) -> bytes | None:
         if self._cookies is None:
             raw = self.header(b"cookie") or b""
             pieces = (piece.strip().partition(b"=") for piece in raw.split(b";"))
-            self._cookies = _Pairs("cookie", ((k, v.strip().strip(b'"')) for k, sep, v in pieces if sep))
+            self._cookies = _Pairs("cookie", ((k, _cookie_value(v)) for k, sep, v in pieces if sep), b",")
         return self._cookies.get(name)
 
     def claim(self, name: str) -> bytes | None:
@@ -240,13 +247,27 @@ class RequestView:
         if kind == "body":
             if self.body_prefix is None:
                 return None
-            length = self.request.content_length
-            digest = hashlib.blake2b(
-                self.body_prefix[: self.config.body_digest_max_bytes], digest_size=16
-            )
-            digest.update(b"|" + (b"%d" % length if length is not None else b""))
-            return digest.hexdigest().encode()
+            return body_identity(self.body_prefix, self.body_more, self.config.body_digest_max_bytes)
         raise AssertionError(kind)
+
+
+def body_identity(prefix: bytes, more: bool, limit: int) -> bytes:
+    """The identity of a request body by its bytes alone, whatever its framing (Content-Length or
+    chunked): a digest of its first `limit` bytes and, when that is all of it, of its length.
+    Bodies longer than `limit` that share their first `limit` bytes are one identity."""
+    digest = hashlib.blake2b(prefix[:limit], digest_size=16)
+    digest.update(b"|%d" % len(prefix) if len(prefix) <= limit and not more else b"|+")
+    return digest.hexdigest().encode()
+
+
+def _cookie_value(raw: bytes) -> bytes:
+    """A cookie value as frameworks hand it to the application: unquoted, percent-decoded, trimmed."""
+    value = raw.strip()
+    if len(value) >= 2 and value[:1] == b'"' and value[-1:] == b'"':
+        value = value[1:-1]
+    if b"%" in value:
+        value = unquote_to_bytes(value)
+    return value.strip(b" \t")
 
 
 def rule_identity(rule: Rule, view: RequestView) -> list[bytes] | None:

@@ -3,23 +3,29 @@
     from gateway import RateLimitMiddleware
     app.add_middleware(RateLimitMiddleware, config="routes.yaml", redis_url=None)
 
-A pure ASGI middleware: the same request checks, matching, identities, ONE limiter call per
-request, refusals, rate-limit headers and failure policy as the proxy (gateway/guard.py decides for
-both); admitted requests go on to the wrapped app with the rate-limit headers added to its
-response, and a body read for a `body` identity is handed to the app first, whole. A request that
-matches no route passes to the app unlimited; non-HTTP scopes pass through untouched. A request
-the proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large)
-is refused here too only if a route could match the path the app sees: the others are the app's
-and its server's business, as they would be without the middleware.
+A pure ASGI middleware around the same pipeline as the proxy (gateway/pipeline.py): the same request
+checks, matching, identities, ONE limiter call per request, refusals, rate-limit headers and failure
+policy. Admitted requests go on to the wrapped app as the limiter read them (the normalized path,
+trimmed field values, without the fields `Connection` named), with the rate-limit headers added to
+its response, and a body read for a `body` identity handed to the app first, whole. A request that
+matches no route passes to the app unlimited; non-HTTP scopes pass through untouched. A request the
+proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large) is
+refused here too only if a route could match the path the app sees: the others are the app's and
+its server's business, as they would be without the middleware.
+
+A file that does not validate fails the application's start-up (`lifespan.startup.failed` with
+every error, so uvicorn exits), never a request; under a server that runs no lifespan, each request
+is answered 500 with the errors.
 
 Redis: `redis_url`, else GATEWAY_REDIS_URL, else the file's `redis.url`, else an embedded
-redis-server started on first use and stopped with the app's lifespan (or at exit).
+redis-server started with the app's lifespan (or on first use) and stopped with it (or at exit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 from pathlib import Path
 
@@ -27,66 +33,88 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
-from gateway.errors import BadRequest
-from gateway.guard import judge
-from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request, read_request
-from gateway.identity import RequestView
+from gateway.errors import ConfigError
+from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
+from gateway.pipeline import Answer, Limits, RequestOutcome, decide
 from gateway.responses import problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
+
+log = logging.getLogger("gateway")
 
 
 class RateLimitMiddleware:
     def __init__(self, app: ASGIApp, config: str | Path = "routes.yaml", redis_url: str | None = None,
                  max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> None:
         self.app = app
-        self.config: Config = load_config(config, proxy=False)  # a bad file fails here, with file:line: key
+        self.config: Config | None = None
+        self.error: ConfigError | None = None
+        try:
+            self.config = load_config(config, proxy=False)
+        except ConfigError as exc:  # Starlette builds middleware lazily: reported at start-up, not raised here
+            self.error = exc
         url = redis_url or os.environ.get("GATEWAY_REDIS_URL") or None
         self.settings = Settings(config_path=str(config), redis_url=url)
-        self.max_head_bytes = max_head_bytes
+        self.limits = Limits(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
         self.runtime: Runtime | None = None
         self.embedded: EmbeddedRedis | None = None
         self._starting = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, receive, self._lifespan_send(send))
+            await self._lifespan(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.error is not None:
+            await send_answer(send, problem(500, f"the rate limits could not be loaded:\n{self.error}"))
+            return
         runtime = self.runtime or await self._start()
-        try:
-            request = read_request(scope, self.max_head_bytes)
-        except BadRequest as exc:
-            if not runtime.router.may_match(scope["path"]):
+        result = await decide(runtime, scope, receive, self.limits)
+        if isinstance(result, Answer):
+            if _passes_to_app(result, runtime, scope):
                 await self.app(scope, receive, send)
-                return
-            await send_answer(send, problem(exc.status, str(exc)))
+            elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                await send_answer(send, (result.status, result.headers, result.body))
             return
-        found = runtime.router.match(request.method, request.hostname, request.path)
-        if found is None:
-            await self.app(scope, receive, send)
+        if result.delay_ms > 0:
+            await asyncio.sleep(result.delay_ms / 1000)
+        if result.body_prefix is not None and result.request.has_body:
+            receive = _replay(result.body_prefix, result.more_body, receive)
+        if result.headers:
+            send = _with_headers(send, result.headers)
+        await self.app(_as_decided(scope, result.request), receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def starting(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.close()
+            await send(message)
+
+        if self.error is None:
+            await self.app(scope, self._start_first(receive), starting)
             return
-        route, params = found
-        verdict = await judge(runtime, runtime.plans[route.name], RequestView(request, params, runtime.config,
-                                                                               runtime.jwt), receive)
-        if verdict.answer is not None:
-            await send_answer(send, verdict.answer)
-            return
-        if verdict.outcome == "client_gone":
-            return
-        if verdict.delay_ms > 0:
-            await asyncio.sleep(verdict.delay_ms / 1000)
-        if verdict.body_prefix is not None and request.has_body:
-            receive = _replay(verdict.body_prefix, verdict.more_body, receive)
-        if verdict.headers:
-            send = _with_headers(send, verdict.headers)
-        await self.app(_as_decided(scope, request), receive, send)
+        message = await receive()  # lifespan.startup: refused with every error, so the server exits
+        assert message["type"] == "lifespan.startup"
+        text = f"the rate limits could not be loaded:\n{self.error}"
+        log.error("%s", text)
+        await send({"type": "lifespan.startup.failed", "message": text})
+
+    def _start_first(self, receive: Receive) -> Receive:
+        """The lifespan's messages, the runtime started (Redis connected or embedded) at start-up."""
+        async def receiving() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self._start()
+            return message
+
+        return receiving
 
     async def _start(self) -> Runtime:
         async with self._starting:
             if self.runtime is None:
+                assert self.config is not None
                 settings = self.settings
                 if not (settings.redis_url or self.config.redis.url):
                     self.embedded = EmbeddedRedis()
@@ -105,28 +133,31 @@ class RateLimitMiddleware:
             self.embedded.stop()
             self.embedded = None
 
-    def _lifespan_send(self, send: Send) -> Send:
-        async def lifespan_send(message: Message) -> None:
-            if message["type"] == "lifespan.shutdown.complete":
-                await self.close()
-            await send(message)
 
-        return lifespan_send
+def _passes_to_app(answer: Answer, runtime: Runtime, scope: Scope) -> bool:
+    """No route of this file is about the request: it is the app's (and its server's) business."""
+    if answer.route:
+        return False
+    if answer.outcome is RequestOutcome.BAD_REQUEST:  # refused before matching
+        return not runtime.router.may_match(scope["path"])
+    return answer.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED)
 
 
 def _as_decided(scope: Scope, request: Request) -> Scope:
-    """The request as the limiter saw it, for the app: the normalized path that was matched, and
-    without the fields `Connection` named (which no identity could read)."""
-    if request.path == scope["path"] and not request.dropped:
+    """The request as the limiter read it, for the app: the normalized path that was matched, field
+    values without surrounding whitespace, and without the fields `Connection` named."""
+    if request.path == scope["path"] and not request.dropped and not request.trimmed:
         return scope
     headers = scope["headers"]
     if request.dropped:
         headers = [(name, value) for name, value in headers if name not in request.dropped]
+    if request.trimmed:
+        headers = [(name, value.strip(b" \t")) for name, value in headers]
     return {**scope, "path": request.path, "raw_path": request.raw_path, "headers": headers}
 
 
 def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:
-    """The body the guard read first (for a `body` identity), then the rest from the client."""
+    """The body the pipeline read first (for a `body` identity), then the rest from the client."""
     sent = False
 
     async def replayed() -> Message:

@@ -31,7 +31,7 @@ from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
 
-BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
 BUFFERED_BODY_BYTES = 16 * 1024  # of a request body, read before an upstream connection is taken
 MIN_BODY_RATE = 240.0      # bytes a second a request body averages once BODY_RATE_GRACE has passed ...
 BODY_RATE_GRACE = 5.0      # ... seconds of waiting for it (Kestrel's MinRequestBodyDataRate defaults)
@@ -185,17 +185,18 @@ class RequestBody(httpx.AsyncByteStream):
     side is kept in `failure` and raised as ClientDisconnected/ClientTooSlow, never as an httpx
     error, so the caller answers for the client (408/499), not the upstream.
 
-    A client may pause its body for BODY_CHUNK_TIMEOUT at most, and, once BODY_RATE_GRACE seconds
+    A client may pause its body for `timeout` (the body timeout) at most, and, once BODY_RATE_GRACE seconds
     have been spent waiting for it, must have sent MIN_BODY_RATE bytes for each second waited: a
     byte a second keeps no upstream connection. Only the time spent waiting for the client counts,
     not the time the upstream takes to read what was sent.
     """
 
-    def __init__(self, prefix: bytes, more: bool, receive: Receive, min_rate: float | None = None,
-                 grace: float | None = None) -> None:
+    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = BODY_CHUNK_TIMEOUT,
+                 min_rate: float | None = None, grace: float | None = None) -> None:
         self.prefix = prefix
         self.more = more
         self.receive = receive
+        self.timeout = timeout
         self.failure: ClientDisconnected | None = None
         self.min_rate = MIN_BODY_RATE if min_rate is None else min_rate
         self.grace = BODY_RATE_GRACE if grace is None else grace
@@ -223,7 +224,7 @@ class RequestBody(httpx.AsyncByteStream):
                 yield chunk
 
     async def _next(self) -> bytes:
-        allowed = min(BODY_CHUNK_TIMEOUT, self.grace + self.received / self.min_rate - self.waited)
+        allowed = min(self.timeout, self.grace + self.received / self.min_rate - self.waited)
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:

@@ -2,7 +2,7 @@
 
 A flood repeats one request. The route it matched and the identity it was charged under (the keys
 and costs of its rules) are functions of the request's bytes and of the config, so the second time
-they need not be read again: `Gateway.held_refusal` looks the request up here first and goes
+they need not be read again: `pipeline.decide_now` looks the request up here first and goes
 straight to the refusal held in memory for it (gateway/refusals.py). Only requests that were
 answered from memory are kept, so an honest client that sends each request once adds nothing.
 
@@ -26,10 +26,13 @@ held refusal, and a request found here without one goes the whole way).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import Route, Rule
 from gateway.limiter import Decision
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Answer
 
 FIELD_COST = 136         # one (name, value) tuple, its slot in the key and the two bytes objects' headers
 ENTRY_COST = 2048        # the key tuple, its dict slot, the Seen with its keys and the refusal rendered
@@ -55,7 +58,7 @@ class Seen:
         self.keys = keys
         self.costs = costs
         self.request_id = request_id
-        self.rendered: tuple[Decision, bytes, bytes] | None = None
+        self.rendered: tuple[Decision, Answer] | None = None
 
 
 def request_key(scope: Mapping[str, Any]) -> Key:

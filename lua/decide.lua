@@ -22,13 +22,18 @@
 -- writes only if every enforced rule admits. State, one key per rule and identity, every key with
 -- a TTL but a quota's without period:
 --   fixed_window, quota   the count; expires at the last millisecond of its window (period)
---   sliding_window        one integer: cantor(current, previous) * 4 + window number mod 4
---                         ("window:current:previous" when limit >= 2^24); expires with the next window
+--   sliding_window        one 19-digit integer: '1', cantor(current, previous) in @a digits, the
+--                         window number mod 10^@d in @d digits (a + d = 18: below 2^63, so Redis
+--                         keeps it as an integer); "window:current:previous" when limit >= 2^24;
+--                         expires with the next window
 --   sliding_log           sorted set, one member per admitted unit, scored by its time
---   token_bucket, gcra    the time the bucket is full again (theoretical arrival time); the key
---                         expires then. On Redis 7 the key's expiry holds the milliseconds and the
---                         value only the rest (0..999 µs): a shared small integer, no allocation
+--   token_bucket, gcra    the time the bucket is full again (theoretical arrival time), in µs; the
+--                         key expires then. (Before, on Redis 7, the value held only the rest below
+--                         the millisecond and the expiry the milliseconds: read with PEXPIRETIME,
+--                         a call per decision; such a value, below 1000, is still read so.)
 --   leaky_bucket          the same, as the time the queue is empty
+-- A decision of rules that all admit makes TIME, one MGET and one write per rule: what a rule needs
+-- to tell its state is in the value, never in the key's TTL, but where noted below.
 -- Bucket intervals are whole microseconds (1e6/rate rounded up: never more than the rate), so the
 -- arithmetic is exact and a burst is a burst. Numbers go to redis.call as strings made by
 -- fmt('%d'): Redis prints a Lua number with '%.17g', several thousand instructions each (callgrind).
@@ -44,7 +49,6 @@ local now = t[1] * 1000000 + t[2]
 -- integer division by arithmetic, not math.floor/ceil: a library call costs more than the line
 -- around it. For integers x and d: floor(x / d) = (x - x % d) / d, ceil(x / d) = (x + (-x) % d) / d
 local now_ms = (now - now % 1000) / 1000
-local EXPIRY_HOLDS_TIME = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 local values = call('MGET', @keys)   -- false for a missing key (or one that is not a string)
 local out = {@slots}
 local refused, by, worst, delay = false, 0, 0, 0
@@ -82,8 +86,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   if v then
     tat = tonumber(v) or 0
     if not (tat >= 0 and tat < 4e18) then tat = 0 end   -- not ours (nan, inf, negative): as absent
-    if tat < 1000 then
-      if EXPIRY_HOLDS_TIME then
+    if tat < 1000 then   -- the earlier format (above): the milliseconds are the key's expiry
+      if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
         local at = call('PEXPIRETIME', key)
         tat = at > 0 and at * 1000 - tat or 0
       else
@@ -102,11 +106,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   if @value then
     -- a bucket's time in µs: the key expires at it (rounded up to the millisecond)
     local at = (@value + (-@value) % 1000) / 1000
-    if EXPIRY_HOLDS_TIME then
-      call('SET', KEYS[@i], fmt('%d', at * 1000 - @value), 'PXAT', fmt('%d', at))
-    else
-      call('SET', KEYS[@i], fmt('%d', @value), 'PXAT', fmt('%d', at))
-    end
+    call('SET', KEYS[@i], fmt('%d', @value), 'PXAT', fmt('%d', at))
   end
 
 --@@ set_until
@@ -183,33 +183,45 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local wid = (now - elapsed) / @window
   local stop = (wid + 2) * @window
   local last_ms = (stop + (-stop) % 1000) / 1000 - 1   -- counts matter until the next window ends
-  local rel, sc, sp = nil, 0, 0
+  -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
+  local rel, sc, sp, exact = nil, 0, 0, true
   if v then
-    local num = tonumber(v)
-    if num and not (num >= 0 and num < 9e15 and num % 1 == 0) then
-      -- not ours (nan, negative, fractional): as absent
-    elseif num then
-      local w4 = num % 4
-      num = (num - w4) / 4
+    local num
+    if #v == 19 and string.byte(v) == 49 then   -- '1', the counts' pair, the window number
+      num = tonumber(string.sub(v, 2, @split))
+      local lo = tonumber(string.sub(v, @split + 1))
+      if num and lo then rel, exact = (wid - lo) % @modulus, @exact else num = nil end
+    else
+      num = tonumber(v)
+      if num and not (num >= 0 and num < 9e15 and num % 1 == 0) then
+        num = nil                      -- not ours (nan, negative, fractional): as absent
+      elseif num then                  -- the earlier format: cantor(current, previous) * 4 + wid mod 4
+        local w4 = num % 4
+        num = (num - w4) / 4
+        rel, exact = (wid - w4) % 4, false
+      else
+        local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
+        if sw then
+          rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
+          if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
+        end
+      end
+    end
+    if num then
       local s = floor((sqrt(8 * num + 1) - 1) / 2)
       while s * (s + 1) / 2 > num do s = s - 1 end
       while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
       sp = num - s * (s + 1) / 2
       sc = s - sp
-      rel = (wid - w4) % 4             -- 0 this window, 1 the last one, 2 or 3 the future
-    else
-      local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
-      if sw then
-        rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
-        if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
-      end
     end
   end
-  -- a state written a multiple of four windows ahead (less one: rel 1) looks current (or last):
-  -- its expiry, beyond the next window's end, tells. Asked where it changes the answer: a last
-  -- window's count, a previous count weighted now, or (below) a refusal that could wedge the key.
-  local future, checked = rel == 2 or rel == 3, false
-  if rel == 1 or (rel == 0 and sp > 0) then
+  -- Not exact: the window number is kept modulo a number of windows shorter than a day
+  -- (@modulus), and a state written a multiple of that ahead (less one: rel 1) looks current
+  -- (or last): its expiry, beyond the next window's end, tells. Asked where it changes the
+  -- answer: a last window's count, a previous count weighted now, or (below) a refusal that could
+  -- wedge the key.
+  local future, checked = rel ~= nil and rel >= 2, exact
+  if not exact and (rel == 1 or (rel == 0 and sp > 0)) then
     local ttl = call('PTTL', key)
     future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
   end

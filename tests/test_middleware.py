@@ -161,3 +161,25 @@ def test_without_a_redis_url_it_starts_its_own_redis(tmp_path: Path) -> None:
         assert statuses == [200, 200, 200, 429]
     finally:
         assert "Traceback" not in app.stop()
+
+
+def test_a_bad_file_fails_the_apps_startup_not_its_requests(tmp_path: Path) -> None:
+    """A typo under RateLimitMiddleware: uvicorn (lifespan "auto", its default) exits with the errors
+    at start-up, instead of serving every request a 500."""
+    config = tmp_path / "limits.yaml"
+    config.write_text(textwrap.dedent("""\
+        version: 1
+        routes:
+          - name: orders
+            match: {path: "/orders/{item}"}
+            limits:
+              - {name: user, by: ["header:X-User"], algorithm: fixed_window, limit: 3, windw: 1h}
+        """))
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_REDIS_URL"}
+    env["EMBED_CONFIG"] = str(config)
+    result = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "tests.support.embedded_apps:starlette_app", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert f"{config}:6: " in result.stderr and "windw" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "appears unsupported" not in result.stderr

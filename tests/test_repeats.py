@@ -11,6 +11,7 @@ import pytest
 
 from gateway.config import Route
 from gateway.limiter import Decision, Outcome, RuleState
+from gateway.pipeline import Answer, RequestOutcome
 from gateway.repeats import MAX_BYTES, MAX_ENTRY_BYTES, Repeats, Seen, request_key
 
 ROUTE = Route(name="r", path="/x", methods=None, host=None, upstream=None, limits=())
@@ -80,9 +81,11 @@ def parsed(n: int, fields: list[tuple[bytes, bytes]], fresh: bool = True) -> dic
 
 def held(n: int) -> Seen:
     entry = Seen(ROUTE, [], [f"rlgw:r:rule:user-{n}"], [1], None)
-    head = b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/problem+json\r\n" + b"x" * 200
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", b"252"), (b"retry-after", b"1"),
+               (b"ratelimit-policy", b'"rule";q=10;w=60'), (b"ratelimit", b'"rule";r=0;t=1')]
     decision = Decision(False, 0, 1000, 0, (RuleState(Outcome.REFUSES, 0, 1000),))
-    entry.rendered = (decision, head, b"{" + b"x" * 250 + b"}")
+    entry.rendered = (decision, Answer(429, headers, b"{" + b"x" * 250 + b"}", RequestOutcome.REFUSED, "r", "rule",
+                                       identity=f"user-{n}"))
     return entry
 
 

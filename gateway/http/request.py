@@ -10,10 +10,12 @@ upstream could read differently from the gateway (SPEC section 4, "Framing and h
 - a target that is not a path, an encoded `/` or `\\` or control character (NUL, CR, LF, ...), a
   bad percent-escape, or a path that climbs above the root: 400.
 
-What passes is the request both the limiter and the upstream see: headers named in `Connection`
-and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines joined into one
-list, and the path normalized (unreserved escapes decoded, dot segments removed, slashes merged)
-into `raw_path`, which is exactly what the upstream receives. Trailers never get here: the server
+What passes is the canonical request, the one both the limiter and the upstream read (RFC 9110
+5.5): field values without leading or trailing whitespace (and forwarded so), headers named in
+`Connection` and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines
+joined into one list, the host lowercased without a trailing dot or its scheme's default port, and
+the path normalized (unreserved escapes decoded, dot segments removed, slashes merged) into
+`raw_path`, which is exactly what the upstream receives. Trailers never get here: the server
 protocol drops them.
 """
 
@@ -42,6 +44,7 @@ REWRITTEN = frozenset({
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
 _NOT_FORWARDED = HOP_BY_HOP | REWRITTEN
 _NONE: frozenset[bytes] = frozenset()
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -71,13 +74,14 @@ class Request:
     request_id: bytes | None = None      # X-Request-Id as sent
     dropped: frozenset[bytes] = frozenset()    # end-to-end fields named in Connection (removed)
     underscored: frozenset[bytes] = frozenset()  # names sent with `_`, spelled with `-`
+    trimmed: bool = False                # some field value came with whitespace around it
 
     @property
     def hostname(self) -> str:
-        """The Host without its port, lowercase ("" when none): what `match.host` compares."""
+        """The host without its port ("" when none): what `match.host` compares."""
         if not self.host:
             return ""
-        text = self.host.decode("latin-1").lower()
+        text = self.host.decode("latin-1")
         if text.startswith("["):
             return text.split("]")[0] + "]"
         return text.rsplit(":", 1)[0] if ":" in text else text
@@ -120,8 +124,13 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
     connection: list[bytes] = []
     request_id: bytes | None = None
     upgrade = False
+    trimmed = False
     for name, value in scope["headers"]:
         size += len(name) + len(value) + 4
+        stripped = value.strip(b" \t")  # llhttp keeps trailing whitespace; h11 and most apps do not
+        if stripped is not value:
+            value = stripped
+            trimmed = True
         if name in _NOT_FORWARDED:
             if name == b"host":
                 hosts.append(value)
@@ -184,12 +193,11 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         content_length = int(text)
 
     host = None
+    scheme = scope.get("scheme", "http")
     if len(hosts) > 1:
         raise BadRequest("the request carries more than one Host")
     if hosts:
-        host = hosts[0].strip()
-        if not _HOST.match(host):
-            raise BadRequest("the Host header is not a host")
+        host = canonical_host(hosts[0], scheme)
     elif scope.get("http_version", "1.1") != "1.0":
         raise BadRequest("an HTTP/1.1 request must carry a Host header")
 
@@ -207,7 +215,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         raw_path=raw_path,
         query=query,
         peer=client[0] if client else "0.0.0.0",
-        scheme=scope.get("scheme", "http"),
+        scheme=scheme,
         host=host,
         forwarded_for=b", ".join(v.strip() for v in forwarded) if forwarded else None,
         content_length=content_length,
@@ -219,7 +227,33 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         dropped=frozenset(dropped) if dropped else _NONE,
         # one search of all the names: `bytes in bytes` costs ~150 ns a time on CPython 3.11
         underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n) if b"_" in b"".join(first) else _NONE,
+        trimmed=trimmed,
     )
+
+
+def canonical_host(value: bytes, scheme: str) -> bytes:
+    """The authority as every upstream and resolver reads it: lowercase, the DNS root's trailing
+    dot dropped, no port when it is the scheme's default. 400 for what is not a host, and for what
+    resolvers may read two ways (an empty label, a percent-escape)."""
+    if not _HOST.match(value):
+        raise BadRequest("the Host header is not a host")
+    host, port = value.lower(), b""
+    if not host.startswith(b"["):
+        host, _, port = host.partition(b":")
+        if b"%" in host:
+            raise BadRequest("a percent-escape in the Host is ambiguous")
+        if host.endswith(b"."):
+            host = host[:-1]  # a.example. and a.example are one name
+        if host.startswith(b".") or b".." in host:
+            raise BadRequest("the Host header is not a host")
+    else:
+        host, _, port = host.partition(b"]:")
+        host = host.rstrip(b"]") + b"]"
+    if port and int(port) > 65535:
+        raise BadRequest("the Host header's port is out of range")
+    if port and int(port) == _DEFAULT_PORTS.get(scheme):
+        port = b""
+    return host + b":" + port if port else host
 
 
 def normalize_path(raw: bytes) -> bytes:

@@ -4,9 +4,9 @@ shutdown); this class replaces its per-request machinery, which cost ~30 µs a r
 hello-world ASGI app: 23k req/s under uvicorn's protocol, 79k on a bare httptools protocol).
 
 What a proxy facing the internet needs, and uvicorn's protocol did not bound:
-- the request line and headers together may not exceed `MAX_HEADER_BYTES` (431), the URL alone
+- the request line and headers together may not exceed `max_header_bytes` (431), the URL alone
   `MAX_URL_BYTES` (414); nothing past the bound is buffered;
-- a client must finish sending its headers within `HEADER_TIMEOUT` seconds of starting (408), and
+- a client must finish sending its headers within `header_timeout` seconds of starting (408), and
   a connection that says nothing is closed after as long: slowloris connections are not held open;
 - malformed requests, including conflicting Content-Length / Transfer-Encoding, are refused by the
   parser (400, problem+json) and never forwarded; a transfer-coding other than chunked and CONNECT
@@ -17,35 +17,59 @@ What a proxy facing the internet needs, and uvicorn's protocol did not bound:
 - a head of more than `MAX_HEADER_FIELDS` fields is a 431; a version other than 1.0 and 1.1 a 505;
   an absolute-form target of a scheme other than http and https a 400. An HTTP/1.0 client never
   receives a chunked body (the connection delimits it), and a 408 ends the connection.
-One timer per connection covers the head and keep-alive timeouts; it is armed when none is
-pending and, when it fires, sleeps again for whatever is left, so a request arms none.
+Its settings and the early-answer hook come through uvicorn's config (`ServerConfig`), which
+uvicorn hands to every connection's protocol. One timer per connection covers the head and
+keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
+whatever is left, so a request arms none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 import httptools
+import uvicorn
 
-# The worker sets it to the gateway's `held_refusal`: a request it answers (a refusal held in
-# memory) is answered here, before the application is entered: no task, no ASGI messages. It is
-# asked only about keep-alive requests that expect a body in the answer (not HEAD, no Expect), and
-# answers with a whole response (`head_lines` + more lines + b"\r\n" + a body its Content-Length frames).
-EARLY_ANSWER: Callable[[dict[str, Any]], bytes | None] | None = None
+from gateway.http.problem import problem
+
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
+
+Headers = list[tuple[bytes, bytes]]
+EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What the gateway sets of this protocol, handed to every connection through uvicorn's config."""
+
+    max_header_bytes: int = MAX_HEADER_BYTES
+    header_timeout: float = HEADER_TIMEOUT
+    # Asked before the application is entered, about keep-alive requests that expect a body in the
+    # answer (not HEAD, no Expect): a whole answer (status, headers, a body its Content-Length
+    # frames) is sent at once, with no task and no ASGI messages; None: the application serves it.
+    early_answer: EarlyAnswer | None = None
+
+
+class ServerConfig(uvicorn.Config):
+    """uvicorn's Config, serving the app with `HttpProtocol` and these options."""
+
+    def __init__(self, app: Any, options: ServerOptions, **kwargs: Any) -> None:
+        super().__init__(app, http=HttpProtocol, **kwargs)
+        self.options = options
+
 
 log = logging.getLogger("gateway.http")
 
@@ -72,13 +96,10 @@ def head_lines(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _problem_bytes(status: int, title: str, detail: str) -> bytes:
-    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
-    head = (
-        f"HTTP/1.1 {status} {title}\r\ncontent-type: application/problem+json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode()
-    return head + body
+def _problem_bytes(status: int, detail: str) -> bytes:
+    """A problem answer after which the connection ends."""
+    status, headers, body = problem(status, detail)
+    return head_lines(status, [*headers, (b"connection", b"close")]) + b"\r\n" + body
 
 
 class Exchange:
@@ -255,6 +276,10 @@ class HttpProtocol(asyncio.Protocol):
         if not config.loaded:
             config.load()
         self.app = config.loaded_app
+        options = config.options if isinstance(config, ServerConfig) else ServerOptions()
+        self.max_header_bytes = options.max_header_bytes
+        self.header_timeout = options.header_timeout
+        self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
         self.connections: set[Any] = server_state.connections
@@ -366,19 +391,17 @@ class HttpProtocol(asyncio.Protocol):
             return
         except httptools.HttpParserError as exc:
             if not self.transport.is_closing():
-                self._refuse(400, "Bad Request", f"invalid HTTP request: {exc}")
+                self._refuse(400, f"invalid HTTP request: {exc}")
             return
-        if counting and self.in_head and self.head_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES:
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+        if counting and self.in_head and self.head_bytes > self.max_header_bytes + MAX_URL_BYTES:
+            self._refuse(431, f"request line and headers exceed {self.max_header_bytes // 1024} KiB")
         elif not counting and not self.in_head:
             # Inside a body: reads that carry no body bytes are chunk framing or trailers, which
             # llhttp buffers field by field; bounded like a head, however they trickle in.
             if self.body_delivered == delivered:
                 self.framing_bytes += len(data)
-                if self.framing_bytes > MAX_HEADER_BYTES:
-                    self._refuse(431, "Request Header Fields Too Large",
-                                 f"chunk framing or trailers exceed {MAX_HEADER_BYTES // 1024} KiB")
+                if self.framing_bytes > self.max_header_bytes:
+                    self._refuse(431, f"chunk framing or trailers exceed {self.max_header_bytes // 1024} KiB")
             else:
                 self.framing_bytes = 0
 
@@ -406,7 +429,7 @@ class HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > MAX_URL_BYTES:
-            self._refuse(414, "URI Too Long", f"the URL exceeds {MAX_URL_BYTES // 1024} KiB")
+            self._refuse(414, f"the URL exceeds {MAX_URL_BYTES // 1024} KiB")
             raise httptools.HttpParserError("URL too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -415,13 +438,12 @@ class HttpProtocol(asyncio.Protocol):
         if len(self.headers) >= MAX_HEADER_FIELDS:
             # thousands of empty fields fit in the byte bound, and each costs Python objects in
             # every place that reads the head: bounded by count as well
-            self._refuse(431, "Request Header Fields Too Large", f"more than {MAX_HEADER_FIELDS} header fields")
+            self._refuse(431, f"more than {MAX_HEADER_FIELDS} header fields")
             raise httptools.HttpParserError("too many fields")
         self.parsed_head_bytes += len(name) + len(value) + 4
-        if self.parsed_head_bytes > MAX_HEADER_BYTES:
+        if self.parsed_head_bytes > self.max_header_bytes:
             # counted field by field, so one read carrying a whole oversized head is caught too
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+            self._refuse(431, f"request headers exceed {self.max_header_bytes // 1024} KiB")
             raise httptools.HttpParserError("head too large")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -438,22 +460,22 @@ class HttpProtocol(asyncio.Protocol):
         parser = self.parser
         version = parser.get_http_version()
         if version != "1.1" and version != "1.0":  # llhttp lets HTTP/2.0 and HTTP/0.9 request lines through
-            self._refuse(505, "HTTP Version Not Supported", f"HTTP/{version} is not supported (only 1.0 and 1.1)")
+            self._refuse(505, f"HTTP/{version} is not supported (only 1.0 and 1.1)")
             raise httptools.HttpParserError("version")
         method = parser.get_method()
         if method == b"CONNECT":  # its target is an authority, not a path: no tunnel through the gateway
-            self._refuse(501, "Not Implemented", "CONNECT is not supported")
+            self._refuse(501, "CONNECT is not supported")
             raise httptools.HttpParserError("CONNECT")
         codings = self.codings
         if codings and b",".join(codings).rsplit(b",", 1)[-1].strip().lower() != b"chunked":
             # llhttp fails such a request right after this callback (its length is unknown); the
             # SPEC's answer, as nginx's, is a 501, and the app is never entered
             coding = b",".join(codings).strip()[:64].decode("latin-1")
-            self._refuse(501, "Not Implemented", f"transfer-coding {coding!r} is not supported (only chunked)")
+            self._refuse(501, f"transfer-coding {coding!r} is not supported (only chunked)")
             raise httptools.HttpParserError("transfer-coding")
         parsed = httptools.parse_url(self.url)
         if parsed.schema is not None and parsed.schema.lower() not in (b"http", b"https"):
-            self._refuse(400, "Bad Request", "an absolute-form target must be http or https")
+            self._refuse(400, "an absolute-form target must be http or https")
             raise httptools.HttpParserError("scheme")
         if parsed.host:
             self._absolute_form(parsed, version)
@@ -469,7 +491,7 @@ class HttpProtocol(asyncio.Protocol):
         }
         exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive(), self.expect_100)
         if self.exchange is None or self.exchange.response_complete:
-            if (EARLY_ANSWER is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
+            if (self.early_answer is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
                     or not self._answer_early(exchange)):
                 self._start(exchange)
         else:  # pipelined behind a response still in progress
@@ -482,7 +504,7 @@ class HttpProtocol(asyncio.Protocol):
         required on HTTP/1.1 and counted (none or two: 400, as nginx), and the authority is checked
         as a Host."""
         if parsed.userinfo is not None:
-            self._refuse(400, "Bad Request", "a target with userinfo is ambiguous")
+            self._refuse(400, "a target with userinfo is ambiguous")
             raise httptools.HttpParserError("userinfo")
         host: bytes = parsed.host
         authority = b"[%b]" % host if b":" in host else host
@@ -514,11 +536,11 @@ class HttpProtocol(asyncio.Protocol):
     # --- the app -------------------------------------------------------------------------------
 
     def _answer_early(self, exchange: Exchange) -> bool:
-        """Answer without the application when EARLY_ANSWER has the answer (in order: only when
+        """Answer without the application when `early_answer` has the answer (in order: only when
         no response is in progress). The request's body, if any, is read and dropped by the parser."""
-        assert EARLY_ANSWER is not None
+        assert self.early_answer is not None
         try:
-            answer = EARLY_ANSWER(exchange.scope)
+            answer = self.early_answer(exchange.scope)
         except Exception:
             log.exception("answering a request early failed; the application serves it")
             return False
@@ -526,7 +548,8 @@ class HttpProtocol(asyncio.Protocol):
             return False
         exchange.response_started = True
         self.exchange = exchange
-        self.transport.write(answer)
+        status, headers, body = answer
+        self.transport.write(head_lines(status, headers) + b"\r\n" + body)
         exchange.response_complete = True
         self.response_done(exchange)
         if STEP_ASIDE and not self.transport.is_closing():
@@ -562,7 +585,7 @@ class HttpProtocol(asyncio.Protocol):
         except BaseException as exc:
             log.error("exception in the request handler", exc_info=exc)
             if not exchange.response_started and not self.transport.is_closing():
-                self._refuse(500, "Internal Server Error", "the gateway failed to handle the request")
+                self._refuse(500, "the gateway failed to handle the request")
             else:
                 self.transport.close()
             if not isinstance(exc, Exception):
@@ -627,7 +650,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _arm(self) -> None:
         if self.timer is None:
-            self.timer = self.loop.call_later(min(HEADER_TIMEOUT, self.keep_alive_timeout), self._check)
+            self.timer = self.loop.call_later(min(self.header_timeout, self.keep_alive_timeout), self._check)
 
     def _check(self) -> None:
         self.timer = None
@@ -638,18 +661,18 @@ class HttpProtocol(asyncio.Protocol):
             return  # a request in progress; its response's end arms the timer again
         now = self.loop.time()
         if self.head_started:  # a head is arriving
-            left = self.head_started + HEADER_TIMEOUT - now
+            left = self.head_started + self.header_timeout - now
             if left <= 0:
-                self._refuse(408, "Request Timeout", f"request headers not received within {HEADER_TIMEOUT:.0f}s")
+                self._refuse(408, f"request headers not received within {self.header_timeout:.0f}s")
                 return
         else:  # silent since connecting, or idle between requests
-            left = self.idle_since + (self.keep_alive_timeout if self.served else HEADER_TIMEOUT) - now
+            left = self.idle_since + (self.keep_alive_timeout if self.served else self.header_timeout) - now
             if left <= 0:
                 self.transport.close()
                 return
         self.timer = self.loop.call_later(left, self._check)
 
-    def _refuse(self, status: int, title: str, detail: str) -> None:
+    def _refuse(self, status: int, detail: str) -> None:
         """Answer a request the parser refused and end the connection. Requests received whole
         before it are answered first, in order: the refusal never takes another request's place."""
         log.info("refused a request: %s", detail)
@@ -659,7 +682,7 @@ class HttpProtocol(asyncio.Protocol):
         if current is not None and current.response_started and not current.response_complete:
             self.transport.close()  # never written into the middle of a response: the connection ends
             return
-        answer = _problem_bytes(status, title, detail)
+        answer = _problem_bytes(status, detail)
         if current is not None and current.more_body and not current.entered and not current.response_started:
             # refused in the read that carried its head: the app, whose task has not run yet, is
             # never entered, so the request is neither counted nor forwarded

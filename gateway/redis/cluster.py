@@ -26,7 +26,9 @@ which every 5th MOVED closes every node connection (in-flight calls of other bat
 read the map again; CLUSTERDOWN and NOSCRIPT it leaves to the caller. Under the live-resharding
 test (tests/test_cluster_resharding.py) it failed 196 decisions (ClusterError "TTL exhausted",
 ConnectionError); this module fails none. Its parts that work are used: the slot map
-(NodesManager), the node connections and their one-connection pipeline (ClusterNode).
+(NodesManager) and the node connections (ClusterNode), each node's calls of a batch written on one of
+its connections as one packed write (gateway.redis.batch.exchange), as ClusterNode.execute_pipeline
+does but without its per-command PipelineCommand, packing and reply callbacks.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from collections import Counter
 from typing import Any
 
 from redis import exceptions as rx
-from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from gateway.redis.batch import Batcher, Call
+from gateway.redis.batch import Arg, Batcher, Call, exchange
 from gateway.redis.errors import REDIS_FAILURES, convert
 
 log = logging.getLogger("gateway.redis")
@@ -154,24 +156,34 @@ class ClusterRunner(Batcher):
         return again, pause, refresh
 
     async def _node_pipeline(self, node: ClusterNode, items: list[_Pending]) -> list[Any]:
-        """One pipeline on one connection of `node`; a reply or an exception per item."""
-        commands: list[PipelineCommand] = []
+        """The items' commands in one packed write on one connection of `node` (at low load always
+        the same one: the node keeps it), a reply or an exception per item."""
+        commands: list[tuple[Arg, ...]] = []
         loads = {item.call.script.sha: item.call.script for item in items if item.reload}
         for script in loads.values():
-            commands.append(PipelineCommand(-1, "SCRIPT", "LOAD", script.source))
-        calls: list[PipelineCommand] = []
+            commands.append(("SCRIPT", "LOAD", script.source))
+        at: list[int] = []  # where each item's reply is among the commands'
         for item in items:
             if item.ask is not None:
-                commands.append(PipelineCommand(-1, "ASKING"))
-            command = PipelineCommand(len(calls), *item.call.command)
-            commands.append(command)
-            calls.append(command)
+                commands.append((b"ASKING",))
+            at.append(len(commands))
+            commands.append(item.call.command)
+        replies: list[Any] = []
         try:
-            await node.execute_pipeline(commands)
-        except REDIS_FAILURES as exc:  # nothing was read: the connection failed while sending
-            self._refresh_soon()
+            connection = node.acquire_connection()
+        except REDIS_FAILURES as exc:  # MaxConnectionsError
             return [exc] * len(items)
-        return [command.result for command in calls]
+        try:
+            await node.disconnect_if_needed(connection)
+            await exchange(connection, commands, replies)
+        except REDIS_FAILURES as exc:
+            # the connection failed while sending (nothing ran) or while reading (the calls whose
+            # replies did not come may have run): either way those calls fail
+            self._refresh_soon()
+            replies.extend([exc] * (len(commands) - len(replies)))
+        finally:
+            node.release(connection)
+        return [replies[i] for i in at]
 
     def _node(self, host: str, port: int) -> ClusterNode:
         """The ASK target: a node of the map, or one not in it yet (it owns no slot so far)."""

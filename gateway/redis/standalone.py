@@ -1,9 +1,17 @@
-"""One Redis server (redis://, rediss://, unix://), or the primary a Sentinel names: a batch is one
-redis-py pipeline (transaction=False) on one pooled connection.
+"""One Redis server (redis://, rediss://, unix://), or the primary a Sentinel names: every batch goes
+over ONE long-lived redis-py `Connection` of the runner, taken from the pool once, as its commands
+packed together (`send_packed_command`) and their replies read in order (`read_response`). One batch
+is on the wire at a time; calls queued meanwhile ride in the next one, so under load batches grow
+and at low load a lone decision is one write and one read, without the client API's per-call pool
+get/release, command lookup and reply callbacks (bench/redis_client.py measures both).
 
 NOSCRIPT (after SCRIPT FLUSH, a restart, a failover to a server that never saw the script): the
-calls that got it are sent again in a second pipeline headed by one SCRIPT LOAD per script, inside
+calls that got it are sent again in a second round headed by one SCRIPT LOAD per script, inside
 the same deadline, so no caller sees it.
+
+A batch cut short (its deadline passed, the connection broke) leaves the connection disconnected
+(redis-py's read_response does so on any exception while reading): the next batch reconnects, and
+no reply is ever read by the wrong caller.
 """
 
 from __future__ import annotations
@@ -16,25 +24,33 @@ from typing import Any
 
 from redis import exceptions as rx
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel
 
-from gateway.redis.batch import Arg, Batcher, Call
+from gateway.redis.batch import Arg, Batcher, Call, exchange
 from gateway.redis.errors import REDIS_FAILURES, convert
 
 log = logging.getLogger("gateway.redis")
 
 
 class PipelineRunner(Batcher):
+    max_batches = 1  # one connection: the next batch waits for this one's replies
+
     def __init__(self, client: Redis, timeout: float) -> None:
         super().__init__(timeout)
-        self.client = client
+        self.client = client  # its pool: the decisions' connection, and ping/delete for the admin port
+        self._connection: AbstractConnection | None = None
 
     async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for command in commands:
-            pipe.pipeline_execute_command(*command)
-        # raise_on_error=False: an error reply is that command's result, the others stand
-        return await pipe.execute(raise_on_error=False)
+        """Send the commands on the runner's connection; a reply or an error reply per command."""
+        connection = self._connection
+        if connection is None:
+            # taken once and never given back: the pool still closes it (aclose) and can mark it
+            # for reconnecting (Sentinel, when the primary changes)
+            connection = self._connection = await self.client.connection_pool.get_connection()
+        elif connection.should_reconnect():
+            await connection.disconnect()
+        return await exchange(connection, commands)
 
     async def _send(self, batch: list[Call]) -> None:
         """At most two rounds: the second carries the calls that met NOSCRIPT (headed by SCRIPT
@@ -79,6 +95,8 @@ class PipelineRunner(Batcher):
         reconnect (a managed service moving its DNS name): drop the idle connections, go again."""
         if any(isinstance(e, rx.ReadOnlyError) for e in errors):
             await self.client.connection_pool.disconnect(inuse_connections=False)
+            if self._connection is not None:
+                await self._connection.disconnect()
             return True
         return False
 

@@ -1,0 +1,108 @@
+"""The proxy endpoint: one request -> the pipeline -> forwarded to its upstream, or answered.
+
+A pure ASGI callable, routed by the Starlette app (gateway/app.py) for every request that did not
+arrive on the admin port. `answer_early` is the same endpoint for the server protocol's early path:
+a refusal held in memory, answered before the application is entered (gateway/pipeline.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from starlette.types import Receive, Scope, Send
+
+from gateway import metrics
+from gateway.accounting import Accounting
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
+from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
+from gateway.request_id import new_request_id, request_id_for
+from gateway.responses import Headers, problem, send_answer
+from gateway.runtime import Runtime
+
+Reply = tuple[int, Headers, bytes]
+
+
+class ProxyEndpoint:
+    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, admin_port: int,
+                 accounting: Accounting) -> None:
+        self.current = current  # the Runtime in force (a reload swaps it)
+        self.limits = limits
+        self.accounting = accounting
+        self.admin_port = admin_port  # requests that arrived there are the admin app's
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime = self.current()
+        assert runtime is not None, "the lifespan starts the runtime before any request"
+        runtime.enter()
+        started = time.perf_counter()
+        try:
+            result = await decide(runtime, scope, receive, self.limits)
+            if isinstance(result, Answer):
+                request_id = result.request_id or new_request_id()
+                status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
+            else:
+                request_id = request_id_for(result.request.request_id)
+                status = await _forward(result, receive, send, request_id, self.limits.body_timeout)
+            self.accounting.account(runtime.config, scope, request_id, result, status, started)
+        finally:
+            runtime.leave()
+
+    def answer_early(self, scope: Scope) -> Reply | None:
+        """For the server protocol: the whole answer to a request refused from memory, or None."""
+        runtime = self.current()
+        server = scope.get("server")
+        if runtime is None or server is None or server[1] == self.admin_port:
+            return None
+        started = time.perf_counter()
+        answer = decide_now(runtime, scope, self.limits)
+        if answer is None:
+            return None
+        request_id = answer.request_id or new_request_id()
+        self.accounting.account(runtime.config, scope, request_id, answer, answer.status, started)
+        return answer.status, [*answer.headers, (b"x-request-id", request_id)], answer.body
+
+
+async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
+    headers = [*answer.headers, (b"x-request-id", request_id)]
+    if answer.close:
+        headers.append((b"connection", b"close"))
+    return await send_answer(send, (answer.status, headers, answer.body))
+
+
+async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float) -> int:
+    if admit.delay_ms > 0:
+        await asyncio.sleep(admit.delay_ms / 1000)
+    client = admit.plan.client
+    assert client is not None, "a proxied route has an upstream"
+    body = None
+    if admit.more_body or admit.body_prefix:
+        body = RequestBody(admit.body_prefix or b"", admit.more_body, receive, body_timeout)
+    response_headers = [*admit.headers, (b"x-request-id", request_id)]
+    name = client.upstream.name
+    started = time.perf_counter()
+    try:
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id)
+    except UpstreamTimeout as exc:
+        metrics.upstream_errors(name, "timeout").inc()
+        return await _reply(send, problem(504, str(exc)), request_id)
+    except UpstreamUnavailable as exc:
+        metrics.upstream_errors(name, "unavailable").inc()
+        return await _reply(send, problem(502, str(exc)), request_id)
+    except ClientTooSlow:
+        status, headers, data = problem(408, "the request body stopped arriving")
+        headers.append((b"connection", b"close"))  # RFC 9110 15.5.9: the server closes after a 408
+        return await _reply(send, (status, headers, data), request_id)
+    except ClientDisconnected:
+        return 499
+    metrics.upstream_latency(name).observe(time.perf_counter() - started)
+    if forwarded.aborted:
+        metrics.upstream_errors(name, "aborted").inc()
+    return forwarded.status
+
+
+async def _reply(send: Send, response: Reply, request_id: bytes) -> int:
+    status, headers, body = response
+    return await send_answer(send, (status, [*headers, (b"x-request-id", request_id)], body))
