@@ -31,18 +31,25 @@ class RuleSpec(NamedTuple):
     p1: int      # limit (windows, quota) or burst (buckets)
     p2: int      # window / period, or a bucket's emission interval
     shadow: bool
-    base: RuleSpec | None = None
+    charge: bool = True   # an admission writes; False: checked now, charged after the answer
+    force: bool = False   # the settling script: the cost is taken (or given back) whatever the room
+    base: RuleSpec | None = None  # an override's: the file's spec (above)
+
+    def settling(self) -> RuleSpec:
+        """This rule in the script that charges and refunds after the answer."""
+        return self._replace(charge=True, force=True)
 
 
 def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
     """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
     its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
+    charge = not rule.charged_after
     if rule.algorithm in BUCKET_ALGORITHMS:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
-        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow)
+        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow, charge)
     return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.window * 1_000_000),
-                    rule.shadow)
+                    rule.shadow, charge)
 
 
 # sliding_window keeps its window number modulo 10^d in its value; when 10^d windows span at least
@@ -133,6 +140,10 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
     return "".join(parts), Layout(tuple(slots))
 
 
+def _lua(value: bool) -> str:
+    return "true" if value else "false"
+
+
 PARAMS = 5  # numbers per overridden rule in ARGV: p1, p2, span or float slack, most ahead, most
 
 
@@ -155,6 +166,7 @@ def override_params(spec: RuleSpec) -> tuple[int, int, int, int, int]:
 
 def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
+    modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
     given = given or {}
     g1, g2 = given.get("p1", p1), given.get("p2", p2)
     if algorithm in BUCKET_ALGORITHMS:
@@ -162,11 +174,11 @@ def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None
         read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=given.get("most_ahead", most_ahead)).rstrip("\n")
         queue = 1 if algorithm == "leaky_bucket" else 0
         return FRAGMENTS["bucket"].substitute(i=i, burst=g1, step=g2, span=given.get("span", p1 * p2), queue=queue,
-                                              read_state=read)
+                                              read_state=read, **modes)
     if algorithm == "quota" and p2 == 0:
-        return FRAGMENTS["quota"].substitute(i=i, limit=g1)
+        return FRAGMENTS["quota"].substitute(i=i, limit=g1, **modes)
     if algorithm in ("fixed_window", "quota"):
-        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek)
+        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek, **modes)
     if algorithm == "sliding_window" and given:
         # the state's numbers are the file's rule's: read in its format, written as
         # "window:current:previous" (any limit; the window zero-padded, so never 19 characters
@@ -179,7 +191,7 @@ def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None
             exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
-            float_slack=given["float_slack"], split=split, modulus=modulus, exact=exact)
+            float_slack=given["float_slack"], split=split, modulus=modulus, exact=exact, **modes)
     if algorithm == "sliding_window":
         split = modulus = 1
         exact = "true"
@@ -195,9 +207,9 @@ def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
-            exact=exact)
+            exact=exact, **modes)
     assert algorithm == "sliding_log", algorithm
-    return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2)
+    return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 
 
 def _repair(i: int, spec: RuleSpec) -> str:
@@ -244,7 +256,7 @@ def override_shape(specs: tuple[RuleSpec, ...]) -> tuple[tuple[RuleSpec, ...], f
         base = spec.base
         if base.algorithm == "quota" and (base.p2 == 0) != (spec.p2 == 0):
             base = base._replace(p2=spec.p2)
-        shape.append(base._replace(shadow=spec.shadow))
+        shape.append(base._replace(shadow=spec.shadow, charge=spec.charge, force=spec.force))
     return tuple(shape), frozenset(overridden)
 
 

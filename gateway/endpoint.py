@@ -11,13 +11,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
-from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
+from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody
 from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
@@ -45,7 +46,7 @@ class ProxyEndpoint:
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
             else:
                 request_id = request_id_for(result.request.request_id)
-                status = await _forward(result, receive, send, request_id, self.limits.body_timeout)
+                status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime)
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
         finally:
             runtime.leave()
@@ -72,7 +73,27 @@ async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
     return await send_answer(send, (answer.status, headers, answer.body))
 
 
-async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float) -> int:
+async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                   runtime: Runtime) -> int:
+    settlement, settler = admit.settlement, runtime.settler
+    if settlement is None or settler is None:
+        return await _forward_as_is(admit, receive, send, request_id, body_timeout, None)
+    withheld = admit.plan.withheld
+
+    def on_head(status: int, fields: httpx.Headers) -> frozenset[bytes]:
+        settler.settle(settlement, status, fields)  # charged or refunded as the answer's head arrives
+        return withheld
+
+    status = 499
+    try:
+        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head)
+    finally:  # no head came: the gateway's own answer (502, 504, 408), or the client left (499)
+        settler.settle(settlement, status, None)
+    return status
+
+
+async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                         on_head: HeadHook | None) -> int:
     if admit.delay_ms > 0:
         await asyncio.sleep(admit.delay_ms / 1000)
     client = admit.plan.client
@@ -84,7 +105,7 @@ async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes
     name = client.upstream.name
     started = time.perf_counter()
     try:
-        forwarded = await client.forward(admit.request, body, send, response_headers, request_id)
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head)
     except UpstreamTimeout as exc:
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)

@@ -39,6 +39,7 @@ from gateway.pipeline import Answer, Limits, RequestOutcome, decide
 from gateway.responses import problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
+from gateway.settlement import Settlement, Settler
 
 log = logging.getLogger("gateway")
 
@@ -84,7 +85,19 @@ class RateLimitMiddleware:
             receive = _replay(result.body_prefix, result.more_body, receive)
         if result.headers:
             send = _with_headers(send, result.headers)
-        await self.app(_as_decided(scope, result.request), receive, send)
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
+            return
+        status = 499  # the app answered nothing: the client left
+        try:
+            await self.app(_as_decided(scope, result.request), receive,
+                           _settling(send, settler, settlement, result.plan.withheld))
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            settler.settle(settlement, status, None)  # once: a no-op when the answer's head settled it
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def starting(message: Message) -> None:
@@ -168,6 +181,22 @@ def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: frozenset[bytes]) -> Send:
+    """Charges and refunds as the app's answer starts (counting by the answer), the fields that
+    declare a cost withheld from the client."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            fields = [(name.lower(), value) for name, value in message.get("headers", ())]
+            declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
+            settler.settle(settlement, message["status"], declared)
+            if declared:
+                kept = [field for field in message.get("headers", ()) if field[0].lower() not in withheld]
+                message = {**message, "headers": kept}
+        await send(message)
+
+    return sending
 
 
 def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:

@@ -17,7 +17,7 @@ UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -44,6 +44,10 @@ class ClientDisconnected(Exception):
 
 class ClientTooSlow(ClientDisconnected):
     """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
+
+
+# the answer's status and fields as they arrive -> the (lowercase) names of fields withheld from the client
+HeadHook = Callable[[int, httpx.Headers], frozenset[bytes]]
 
 
 class Forwarded(NamedTuple):
@@ -89,8 +93,10 @@ class UpstreamClient:
         send: Send,
         extra_response_headers: Headers,
         request_id: bytes,
+        on_head: HeadHook | None = None,
     ) -> Forwarded:
-        """Forward and stream the response to `send`.
+        """Forward and stream the response to `send`. `on_head`, when given, sees the answer's status
+        and fields as they arrive and returns the names of fields not to pass on to the client.
 
         Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
         ClientDisconnected (ClientTooSlow) when the client's body stopped first.
@@ -115,8 +121,12 @@ class UpstreamClient:
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
         stream = response.stream
-        start = {"type": "http.response.start", "status": status,
-                 "headers": _response_headers(response, extra_response_headers)}
+        headers = _response_headers(response, extra_response_headers)
+        if on_head is not None:
+            withheld = on_head(status, response.headers)
+            if withheld:
+                headers = [field for field in headers if field[0] not in withheld]
+        start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
             await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})
