@@ -49,8 +49,8 @@ from gateway import metrics
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token, shard_tags, state_key
-from gateway.limiter import Decision, Outcome
-from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, parse_override
+from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.responses import problem
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
@@ -262,6 +262,13 @@ def admin_app(control: AdminControl) -> Starlette:
             first = plan.rules[0].by
             shards = [plan.shard_of([values[rule.by.index(s)] for s in first])] if plan.shards > 1 else [0]
         keys = [state_key(prefix, route_name, rule_name, token, tags[shard]) for shard in shards]
+        # this identity's override, as this worker applies it (gateway/overrides.py)
+        override = overridden(runtime.overrides.get(route_name), index, token)
+        specs = override.specs if override is not None and override.rule is not None else None
+
+        def spec_of(shard: int) -> RuleSpec:
+            return specs[shard] if specs else plan.shard_args[shard][index]
+
         try:
             if request.method == "DELETE":
                 deleted = await _each(keys, runtime.limiter.reset)
@@ -275,7 +282,7 @@ def admin_app(control: AdminControl) -> Starlette:
             limiter = runtime.limiter
 
             def peek(at: tuple[int, str]) -> Awaitable[Decision]:
-                return limiter.decide([plan.shard_args[at[0]][index]], [at[1]], [0], peek=True)
+                return limiter.decide([spec_of(at[0])], [at[1]], [0], peek=True)
 
             states = await _each(list(zip(shards, keys, strict=True)), peek)
         except RedisUnavailable as exc:
@@ -285,7 +292,7 @@ def admin_app(control: AdminControl) -> Starlette:
         per_shard = [{
             "shard": shard,
             "key": key,
-            "limit": plan.shard_args[shard][index].p1,
+            "limit": spec_of(shard).p1,
             "remaining": state.remaining,
             "reset_ms": state.reset_ms,
             "exhausted": exhausted,
@@ -296,11 +303,13 @@ def admin_app(control: AdminControl) -> Starlette:
             "rule": rule_name,
             "algorithm": rule.algorithm,
             "key": keys[0],
-            "limit": rule.quota_size,
+            "limit": override.rule.quota_size if override and override.rule else rule.quota_size,
             "remaining": sum(state.remaining for state in found),
             "reset_ms": -1 if min(resets) < 0 else max(resets),
             "exhausted": all(spent),
         }
+        if override is not None:
+            out["override"] = "unlimited" if override.rule is None else "numbers"
         if plan.shards > 1:
             out["shards"] = plan.shards
             out["split"] = split

@@ -88,6 +88,8 @@ def test_an_override_applies_on_every_gateway_within_2s_and_survives_a_restart(
     refused = ask(b, "alice")
     assert refused.status_code == 429 and refused.headers["x-ratelimit-limit"] == "5"
     assert admitted(a, "bob", 3) == 2                                   # others keep the file's numbers
+    state = httpx.get(f"{b.admin_url}/limits/api/user", params={"key": "alice"}).json()
+    assert (state["limit"], state["remaining"], state["override"]) == (5, 0, "numbers")
 
     assert put(b, "carol", {"limit": 4, "window": "1h"}).status_code == 200
     b.stop()

@@ -1,0 +1,174 @@
+"""Per-identity overrides: the Redis cost of a decision with overrides present, and memory per override.
+
+    .venv/bin/python bench/overrides.py
+    .venv/bin/python bench/overrides.py --overrides 100000 --decisions 14000
+
+The route is bench/engine.py's three rules (token_bucket per user, sliding_window per item, quota
+per item); `user` gets N overrides (distinct users, a handful of distinct numbers), stored through
+the admin's own store (gateway/overrides.py, one script call each). Redis CPU per decision is
+`INFO commandstats` usec_per_call of EVALSHA, the median of seven rounds taken in turn:
+
+    without     users with no override, before any override exists
+    present     the same users, with N overrides on the rule (the file's script, as ever)
+    overridden  users that have an override (the route's script with the numbers in ARGV)
+
+Memory: Redis `used_memory` before and after storing them, per override; a worker's, traced
+(tracemalloc) while it reads them all and builds its table (gateway.overrides.Overrides.sync), per
+override, and how long that first read takes. redis-server runs pinned to one core, this process to
+the other(s). Results print as a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.config import RedisSettings, parse_config
+from gateway.keys import identity_token, state_key
+from gateway.limiter import Limiter, RuleSpec
+from gateway.overrides import Overrides, Store, canonical, entry
+from gateway.redis import make_runner
+from gateway.runtime import build_runtime
+from tests.support.redis_proc import RedisProcess
+
+ROUNDS = 7
+CORES = sorted(os.sched_getaffinity(0))
+USERS = 5000
+PLANS: list[dict[str, Any]] = [{"rate": "200/s", "burst": 200}, {"rate": "1000/s", "burst": 500},
+                               {"rate": "50/s", "burst": 50}]
+CONFIG = """
+version: 1
+routes:
+  - name: shop
+    match: {path: "/items/{item}"}
+    limits:
+      - {name: user, by: [header:x-user], algorithm: token_bucket, rate: 100/s, burst: 100, max_overrides: 1000000}
+      - {name: item, by: [path:item], algorithm: sliding_window, limit: 1000000, window: 1s}
+      - {name: stock, by: [path:item], algorithm: quota, limit: 1000000000}
+"""
+
+
+def pin(proc: RedisProcess) -> None:
+    """redis-server on the last core, this process on the others (as bench/engine.py)."""
+    if len(CORES) >= 2 and proc.process is not None:
+        os.sched_setaffinity(proc.process.pid, {CORES[-1]})
+        os.sched_setaffinity(0, set(CORES[:-1]))
+
+
+def route_keys(i: int, user: str = "user") -> list[str]:
+    """The keys of decision number i: its user's bucket, its item's window and stock."""
+    who = identity_token([f"{user}-{i % USERS}".encode()])
+    item = identity_token([f"item-{i % 50}".encode()])
+    return [state_key("rlgw", "shop", "user", who), state_key("rlgw", "shop", "item", item),
+            state_key("rlgw", "shop", "stock", item)]
+
+
+async def store_overrides(url: str, count: int) -> None:
+    limiter = Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
+    store = Store(limiter, "rlgw")
+    batch = 500
+    for start in range(0, count, batch):
+        await asyncio.gather(*(
+            store.put("shop", "user", identity_token([f"vip-{i}".encode()]), canonical(PLANS[i % 3]), 1_000_000)
+            for i in range(start, min(start + batch, count))))
+    await limiter.close()
+
+
+async def decide_rounds(url: str, count: int, args: tuple[RuleSpec, ...], user: str) -> None:
+    limiter = Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
+    for start in range(0, count, 200):
+        await asyncio.gather(*(limiter.decide(args, route_keys(i, user), [1, 1, 1])
+                               for i in range(start, min(start + 200, count))))
+    await limiter.close()
+
+
+def usec(client: object, url: str, count: int, args: tuple[RuleSpec, ...], user: str) -> float:
+    client.config_resetstat()  # type: ignore[attr-defined]
+    asyncio.run(decide_rounds(url, count, args, user))
+    return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--overrides", type=int, default=100_000)
+    parser.add_argument("--decisions", type=int, default=14_000)
+    opts = parser.parse_args()
+    proc = RedisProcess()
+    proc.start()
+    try:
+        client = proc.client()
+        config = parse_config(CONFIG, "bench", {}, proxy=False)
+        runtime = build_runtime(config, RedisSettings(url=proc.url, timeout=5.0),
+                                Limiter(make_runner(RedisSettings(url=proc.url, timeout=5.0))))
+        plan = runtime.plans["shop"]
+        override = entry(plan, 0, canonical(PLANS[0]))
+        assert override.rule is not None
+        overridden = (override.specs[0], *plan.args[1:])
+        per_round = opts.decisions // ROUNDS
+        asyncio.run(decide_rounds(proc.url, 2000, plan.args, "user"))
+        asyncio.run(decide_rounds(proc.url, 2000, overridden, "vip"))
+        pin(proc)
+        constants = (override.specs[0]._replace(base=None), *plan.args[1:])
+
+        def rounds() -> tuple[float, float, float]:
+            """Medians of the file's script, the ARGV script, the constants' script, in turn."""
+            plain, argv, consts = [], [], []
+            for _ in range(ROUNDS):
+                plain.append(usec(client, proc.url, per_round, plan.args, "user"))
+                argv.append(usec(client, proc.url, per_round, overridden, "vip"))
+                consts.append(usec(client, proc.url, per_round, constants, "vip"))
+            return statistics.median(plain), statistics.median(argv), statistics.median(consts)
+
+        empty = rounds()
+        before = int(client.info("memory")["used_memory"])
+        started = time.perf_counter()
+        asyncio.run(store_overrides(proc.url, opts.overrides))
+        stored_s = time.perf_counter() - started
+        redis_bytes = (int(client.info("memory")["used_memory"]) - before) / opts.overrides
+        full = rounds()
+
+        async def first_read() -> float:
+            overrides = Overrides()
+            tracemalloc.start()
+            began = time.perf_counter()
+            await overrides.sync(runtime)
+            took = time.perf_counter() - began
+            held, _ = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            assert len(runtime.overrides["shop"][0]) == opts.overrides
+            await runtime.limiter.close()
+            first_read.held = held  # type: ignore[attr-defined]
+            return took
+
+        read_s = asyncio.run(first_read())
+        worker_bytes = first_read.held / opts.overrides  # type: ignore[attr-defined]
+        client.close()
+    finally:
+        proc.stop()
+    n = opts.overrides
+    print(f"| Redis CPU per decision, µs (EVALSHA usec_per_call, median of {ROUNDS}) | no overrides stored "
+          f"| {n} on rule `user` |")
+    print("| --- | --- | --- |")
+    print(f"| identity without an override (the file's script) | {empty[0]:.2f} | {full[0]:.2f} |")
+    print(f"| identity with one (its numbers in ARGV) | {empty[1]:.2f} | {full[1]:.2f} |")
+    print(f"| the same numbers as constants (what ARGV itself costs) | {empty[2]:.2f} | {full[2]:.2f} |")
+    print()
+    print("| memory and time | value |")
+    print("| --- | --- |")
+    print(f"| Redis memory per override, bytes (used_memory) | {redis_bytes:.0f} |")
+    print(f"| worker memory per override, bytes (tracemalloc, table and stored text) | {worker_bytes:.0f} |")
+    print(f"| storing them through the admin's store (500 in flight), s | {stored_s:.1f} |")
+    print(f"| a worker's first read of all of them (HSCAN pages of 1000) and table, s | {read_s:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
