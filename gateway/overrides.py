@@ -342,6 +342,8 @@ async def keep_in_step(overrides: Overrides, current: Callable[[], Runtime | Non
             if not failing:
                 log.warning("overrides not synced, Redis unavailable (%s); the last ones read stay in force", exc)
             failing = True
+        except Exception:  # the loop must outlive any one bad poll
+            log.exception("overrides not synced; the last ones read stay in force")
         else:
             failing = False
 
