@@ -147,9 +147,7 @@ class Limiter:
         combination = (tuple(rules), peek)
         found = self.scripts.get(combination)
         if found is None:
-            if len(self.scripts) >= MAX_SCRIPTS:
-                self.scripts.clear()
-            found = self.scripts[combination] = self._script(*combination)
+            found = self._script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
         domain = self.runner.failure_domain(keys[0]) if keys else None
@@ -185,7 +183,12 @@ class Limiter:
 
     def _script(self, specs: tuple[RuleSpec, ...], peek: bool) -> DecisionScript:
         if all(spec.base is None for spec in specs):
-            return decision_script(specs, peek)
+            if len(self.scripts) >= MAX_SCRIPTS:
+                self.scripts.clear()
+            script = self.scripts[(specs, peek)] = decision_script(specs, peek)
+            return script
+        # with overrides: the numbers vary by identity, the script by shape only; neither is kept
+        # beside the file's scripts, so many distinct overrides never push those out
         shape, overridden = override_shape(specs)
         found = self.shapes.get((shape, overridden, peek))
         if found is None:
