@@ -8,13 +8,16 @@ algorithm takes as optional (a quota's period) keep the file's.
 Stored in Redis, in the route's hash tag (so one Cluster slot holds a route's overrides):
 
     <prefix>:{<route>}:<rule>:~overrides        hash: identity token -> parameters (JSON)
+    <prefix>:{<route>}:<rule>:~changes          list: the identities of the last changes (1000)
     <prefix>:{<route>}:~overrides:versions      hash: rule -> a counter bumped by every change
     <prefix>:~overrides:routes                  set: routes that have had overrides
 
 No identity token is `~overrides` (gateway.keys: a token is readable characters, `~` alone, or
 `~` and 20 more), so these never meet a rule's state. Each worker polls the versions of its
-routes every second (one HGETALL per route, batched into one round trip) and reads again, with
-HSCAN, only a rule whose version changed: every gateway applies a change within about 2 s. A worker
+routes every second (one HGETALL per route, batched into one round trip); of a rule whose version
+changed it reads only the overrides changed since the version it holds (one script call), or, when
+more changed than the list keeps, the whole hash again (HSCAN): every gateway applies a change
+within about 2 s, whatever the number of overrides. A worker
 keeps the stored text of every override of its routes, so a reload rebuilds the table at once;
 a start reads them all before serving. A rule's overrides are bounded by its `max_overrides`
 (default 100000). Rules and routes no longer in the file lose their overrides when a gateway
@@ -54,12 +57,14 @@ log = logging.getLogger("gateway.overrides")
 
 SYNC_INTERVAL = 1.0  # seconds between two polls of the versions
 PAGE = 1000          # fields asked per HSCAN when a rule's overrides are read
+CHANGES = 1000       # changes each rule keeps listed, for workers to read only what changed
 MAX_BODY = 4096      # bytes of a PUT body
 SUFFIX = "~overrides"
 
 PUT = Script("overrides_put")
 DELETE = Script("overrides_delete")
 DROP = Script("overrides_drop")
+CHANGED = Script("overrides_changes")
 COMMAND = Script("command")
 
 
@@ -176,6 +181,12 @@ class Store:
     def hash_key(self, route: str, rule: str) -> str:
         return state_key(self.prefix, route, rule, SUFFIX)
 
+    def changes_key(self, route: str, rule: str) -> str:
+        return state_key(self.prefix, route, rule, "~changes")
+
+    def _keys(self, route: str, rule: str) -> list[str]:
+        return [self.hash_key(route, rule), self.versions_key(route), self.changes_key(route, rule)]
+
     def versions_key(self, route: str) -> str:
         return state_key(self.prefix, route, SUFFIX, "versions")
 
@@ -188,16 +199,14 @@ class Store:
 
     async def put(self, route: str, rule: str, token: str, text: str, most: int) -> bool:
         """Store it; False when the rule holds `most` overrides already (and not this identity's)."""
-        version = await self.limiter.run_script(
-            PUT, [self.hash_key(route, rule), self.versions_key(route)], [token, text, most, rule])
+        version = await self.limiter.run_script(PUT, self._keys(route, rule), [token, text, most, rule, CHANGES])
         if version == -1:
             return False
         await self._command(self.routes_key, "SADD", route)
         return True
 
     async def delete(self, route: str, rule: str, token: str) -> bool:
-        found = await self.limiter.run_script(DELETE, [self.hash_key(route, rule), self.versions_key(route)],
-                                              [token, rule])
+        found = await self.limiter.run_script(DELETE, self._keys(route, rule), [token, rule, CHANGES])
         return bool(found)
 
     async def get(self, route: str, rule: str, token: str) -> str | None:
@@ -222,6 +231,18 @@ class Store:
             if cursor == "0":
                 return out
 
+    async def changes(self, route: str, rule: str, since: int) -> tuple[int, dict[str, str | None] | None]:
+        """The rule's version, and each identity whose override changed since version `since` with
+        its parameters now (None: removed); None instead when they are no longer all listed."""
+        reply = await self.limiter.run_script(
+            CHANGED, [self.hash_key(route, rule), self.changes_key(route, rule), self.versions_key(route)],
+            [rule, since])
+        version, listed, flat = int(reply[0]), int(reply[1]), reply[2:]
+        if not listed:
+            return version, None
+        return version, {_text(flat[j]): None if flat[j + 1] is None else _text(flat[j + 1])
+                         for j in range(0, len(flat), 2)}
+
     async def versions(self, route: str) -> dict[str, int]:
         flat = await self._command(self.versions_key(route), "HGETALL")
         return {_text(flat[j]): int(flat[j + 1]) for j in range(0, len(flat), 2)}
@@ -234,13 +255,12 @@ class Store:
         for route in sorted(known | set(current)):
             rules = current.get(route)
             gone = [name for name in await self.versions(route) if rules is None or name not in rules]
+            doomed = [key for r in gone for key in (self.hash_key(route, r), self.changes_key(route, r))]
             if rules is None:
-                dropped += await self.limiter.run_script(
-                    DROP, [self.versions_key(route), *(self.hash_key(route, r) for r in gone)], [])
+                dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], [])
                 await self._command(self.routes_key, "SREM", route)
             elif gone:
-                dropped += await self.limiter.run_script(
-                    DROP, [self.versions_key(route), *(self.hash_key(route, r) for r in gone)], gone)
+                dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], gone)
         return int(dropped)
 
 
@@ -273,17 +293,84 @@ class Overrides:
                 have = self.stored.get(at)
                 if (have[0] if have else 0) != version:
                     stale.append((*at, version))
-        texts = await asyncio.gather(*(store.read_all(route, name) for route, name, _ in stale))
-        for (route, name, version), found in zip(stale, texts, strict=True):
-            self.stored[(route, name)] = (version, found)
+        read = await asyncio.gather(*(self._read(store, route, name) for route, name, _ in stale))
+        whole: set[str] = set()  # routes with a rule read whole: their tables are built again
+        changed: list[tuple[str, str, dict[str, str | None]]] = []  # the others: these identities
+        for (route, name), tokens in zip(((r, n) for r, n, _ in stale), read, strict=True):
+            if tokens is None:
+                whole.add(route)
+            else:
+                changed.append((route, name, tokens))
         for at in [at for at in self.stored if at not in wanted]:
             del self.stored[at]
-        if stale or self.built_for is not runtime:
+        if self.built_for is not runtime:
             self.apply(runtime)
-            if stale:  # nothing held in memory may answer with the old numbers
-                runtime.refusals.clear()
-                runtime.repeats.clear()  # the requests seen, with their rules as they were
+        else:
+            for route in whole:
+                self._rebuild(runtime, route)
+            for route, name, tokens in changed:
+                if route not in whole:
+                    self._update(runtime, route, name, tokens)
+        if stale:  # nothing held in memory may answer with the old numbers
+            runtime.refusals.clear()
+            runtime.repeats.clear()  # the requests seen, with their rules as they were
         return bool(stale)
+
+    async def _read(self, store: Store, route: str, name: str) -> dict[str, str | None] | None:
+        """Bring the stored texts of one rule up to date: the identities changed (None: read whole)."""
+        have = self.stored.get((route, name))
+        if have is not None and have[0] > 0:
+            version, tokens = await store.changes(route, name, have[0])
+            if tokens is not None:
+                texts = have[1]
+                for token, text in tokens.items():
+                    if text is None:
+                        texts.pop(token, None)
+                    else:
+                        texts[token] = text
+                self.stored[(route, name)] = (version, texts)
+                return tokens
+        # the version first: a change meanwhile bumps it past the one kept, and is read next time
+        version = (await store.versions(route)).get(name, 0)
+        self.stored[(route, name)] = (version, await store.read_all(route, name))
+        return None
+
+    def _rebuild(self, runtime: Runtime, route: str) -> None:
+        plan = runtime.plans.get(route)
+        if plan is None:
+            return
+        table = self._table(plan)
+        if table:
+            runtime.overrides[route] = table
+        else:
+            runtime.overrides.pop(route, None)
+
+    def _update(self, runtime: Runtime, route: str, name: str, tokens: dict[str, str | None]) -> None:
+        """Apply the changed identities of one rule to `runtime.overrides` in place."""
+        plan = runtime.plans.get(route)
+        index = next((i for i, r in enumerate(plan.rules) if r.name == name), None) if plan else None
+        if plan is None or index is None:
+            return
+        mine = runtime.overrides.setdefault(route, {}).setdefault(index, {})
+        for token, text in tokens.items():
+            found = None if text is None else self._entry(plan, index, text)
+            if found is None:
+                mine.pop(token, None)
+            else:
+                mine[token] = found
+        if not mine:
+            del runtime.overrides[route][index]
+            if not runtime.overrides[route]:
+                del runtime.overrides[route]
+
+    @staticmethod
+    def _entry(plan: RoutePlan, index: int, text: str) -> Entry | None:
+        try:
+            return entry(plan, index, text)
+        except ValueError as exc:
+            log.warning("override of %s/%s ignored: the rule no longer takes %s (%s)",
+                        plan.route.name, plan.rules[index].name, text[:200], exc)
+            return None
 
     def apply(self, runtime: Runtime) -> None:
         """Build `runtime.overrides` from the stored texts (at once: on a reload, before it serves)."""
@@ -305,12 +392,7 @@ class Overrides:
             mine: dict[str, Entry] = {}
             for token, text in have[1].items():
                 if text not in shared:
-                    try:
-                        shared[text] = entry(plan, index, text)
-                    except ValueError as exc:
-                        log.warning("override of %s/%s ignored: the rule no longer takes %s (%s)",
-                                    plan.route.name, rule.name, text[:200], exc)
-                        shared[text] = None
+                    shared[text] = self._entry(plan, index, text)
                 found = shared[text]
                 if found is not None:
                     mine[token] = found
