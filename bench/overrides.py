@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/overrides.py
     .venv/bin/python bench/overrides.py --overrides 100000 --decisions 14000
+    .venv/bin/python bench/overrides.py --instructions   # and instructions per decision (callgrind)
 
 The route is bench/engine.py's three rules (token_bucket per user, sliding_window per item, quota
 per item); `user` gets N overrides (distinct users, a handful of distinct numbers), stored through
@@ -11,6 +12,9 @@ the admin's own store (gateway/overrides.py, one script call each). Redis CPU pe
     without     users with no override, before any override exists
     present     the same users, with N overrides on the rule (the file's script, as ever)
     overridden  users that have an override (the route's script with the numbers in ARGV)
+
+Time on a shared host moves with its load; `--instructions` also counts the instructions redis-server
+runs per decision of each kind under callgrind (bench/engine.py's method), which does not.
 
 Memory: Redis `used_memory` before and after storing them, per override; a worker's, traced
 (tracemalloc) while it reads them all and builds its table (gateway.overrides.Overrides.sync), per
@@ -31,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import instructions_per_call  # bench/engine.py, beside this file
 
 from gateway.config import RedisSettings, parse_config
 from gateway.keys import identity_token, state_key
@@ -101,6 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--overrides", type=int, default=100_000)
     parser.add_argument("--decisions", type=int, default=14_000)
+    parser.add_argument("--instructions", action="store_true", help="also count instructions (callgrind: minutes)")
     opts = parser.parse_args()
     proc = RedisProcess()
     proc.start()
@@ -161,6 +168,12 @@ def main() -> None:
             return first, held / opts.overrides, again, rebuild
 
         read_s, worker_bytes, again_s, rebuild_s = asyncio.run(worker())
+        counted: list[float] = []
+        if opts.instructions:
+            for args, user in ((plan.args, "user"), (overridden, "vip"), (constants, "vip")):
+                def work(url: str, n: int, args: tuple[RuleSpec, ...] = args, user: str = user) -> None:
+                    asyncio.run(decide_rounds(url, n, args, user))
+                counted.append(instructions_per_call(proc.binary, work))
         client.close()
     finally:
         proc.stop()
@@ -174,6 +187,9 @@ def main() -> None:
     print()
     print("| memory and time | value |")
     print("| --- | --- |")
+    for kind, count in zip(("the file's script", "an override's, numbers in ARGV", "the same as constants"),
+                           counted, strict=False):
+        print(f"| redis-server instructions per decision (callgrind), {kind} | {count:.0f} |")
     print(f"| Redis memory per override, bytes (used_memory) | {redis_bytes:.0f} |")
     print(f"| worker memory per override, bytes (tracemalloc, table and stored text) | {worker_bytes:.0f} |")
     print(f"| storing them through the admin's store (500 in flight), s | {stored_s:.1f} |")

@@ -12,7 +12,7 @@ Stored in Redis, in the route's hash tag (so one Cluster slot holds a route's ov
     <prefix>:{<route>}:~overrides:versions      hash: rule -> a counter bumped by every change
     <prefix>:~overrides:routes                  set: routes that have had overrides
 
-No identity token is `~overrides` (gateway.keys: a token is readable characters, `~` alone, or
+No identity token is `~overrides` or `~changes` (gateway.keys: a token is readable characters, `~` alone, or
 `~` and 20 more), so these never meet a rule's state. Each worker polls the versions of its
 routes every second (one HGETALL per route, batched into one round trip); of a rule whose version
 changed it reads only the overrides changed since the version it holds (one script call), or, when
