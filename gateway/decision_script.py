@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from string import Template
 from typing import NamedTuple
 
@@ -99,8 +100,9 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
                  ) -> tuple[str, Layout]:
     """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout.
 
-    `overridden`: the (0-based) rules whose numbers come from ARGV after the costs, PARAMS of them
-    per rule in order (`override_params`); their part of the reply is always two integers."""
+    `overridden`: the (0-based) rules whose numbers come from the ARGV after the costs: PARAMS
+    doubles per rule, in order, packed little-endian in one string (`override_params`,
+    `overridden_script`); their part of the reply is always two integers."""
     n = len(specs)
     if n > MAX_RULES:  # Lua allows 200 locals per function: 32 rules use at most 141
         raise ValueError(f"at most {MAX_RULES} rules per script")
@@ -121,7 +123,7 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
     )]
     at_param: dict[int, int] = {}  # rule -> where its numbers start in P (after the costs)
     if overridden:
-        parts.append(FRAGMENTS["override_params"].substitute(n=n))
+        parts.append(FRAGMENTS["override_params"].substitute(n=n, format="<" + "d" * (PARAMS * len(overridden))))
         at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         at = at0 + 1
@@ -236,7 +238,7 @@ def _write(i: int, spec: RuleSpec, given: dict[str, str] | None = None) -> str:
 class DecisionScript(NamedTuple):
     script: Script
     layout: Layout
-    params: tuple[int, ...] = ()  # ARGV after the costs: the overridden rules' numbers
+    params: tuple[bytes, ...] = ()  # ARGV after the costs: the overridden rules' numbers, packed
 
 
 def decision_script(specs: tuple[RuleSpec, ...], peek: bool = False) -> DecisionScript:
@@ -262,8 +264,10 @@ def override_shape(specs: tuple[RuleSpec, ...]) -> tuple[tuple[RuleSpec, ...], f
 
 def overridden_script(specs: tuple[RuleSpec, ...], shaped: DecisionScript) -> DecisionScript:
     """The script of `specs` with overrides: `shaped` (the script of their shape) and their numbers."""
-    params = tuple(n for spec in specs if spec.base is not None for n in override_params(spec))
-    return shaped._replace(params=params)
+    numbers = [n for spec in specs if spec.base is not None for n in override_params(spec)]
+    # doubles, as Lua's numbers are (all below 2^53: exact): struct.unpack reads them at a fraction
+    # of what tonumber's strtod costs on text
+    return shaped._replace(params=(struct.pack(f"<{len(numbers)}d", *numbers),))
 
 
 def shape_script(shape: tuple[RuleSpec, ...], overridden: frozenset[int], peek: bool = False) -> DecisionScript:

@@ -59,10 +59,10 @@ local refused, by, worst, delay = false, 0, 0, 0
 
 --@@ override_params
 -- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules,
--- ARGV[@n + 1 ...] holds their numbers, five per overridden rule (gateway/decision_script.py
--- `override_params`); their fragments read P where the file's script has constants
-local P = {}
-for j = @n + 1, #ARGV do P[j - @n] = tonumber(ARGV[j]) end
+-- ARGV[@n + 1] holds their numbers, five doubles per overridden rule, little-endian
+-- (gateway/decision_script.py `override_params`); their fragments read P where the file's script
+-- has constants
+local P = {struct.unpack('@format', ARGV[@n + 1])}
 
 --@@ bucket
 -- token_bucket, gcra (@queue = 0): burst @burst, one request every @step µs; state = the time the
