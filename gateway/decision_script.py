@@ -39,6 +39,9 @@ def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
     """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
     its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
     charge = not rule.charged_after
+    if rule.algorithm == "concurrency":
+        return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.lease * 1_000_000),
+                        rule.shadow, charge)
     if rule.algorithm in BUCKET_ALGORITHMS:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
@@ -87,6 +90,8 @@ def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
         return spec.p1 + 1, (spec.p1 + 1) * spec.p2
     if spec.algorithm in BUCKET_ALGORITHMS:
         return spec.p1, spec.p1 * spec.p2
+    if spec.algorithm == "concurrency":
+        return spec.p1, 1_000_000  # reset: a second (no honest time exists)
     return spec.p1, spec.p2 if spec.p2 > 0 else -1
 
 
@@ -114,12 +119,12 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
         at = at0 + 1
         reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
-        parts.append(_rule(i, spec, peek_lua))
+        parts.append(_rule(i, spec, peek_lua, n))
         parts.append(FRAGMENTS["verdict"].substitute(
             i=i, shadow="true" if spec.shadow else "false", most=most, reply=reply))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
-        writes = [_write(i, spec) for i, spec in enumerate(specs, start=1)]
+        writes = [_write(i, spec, n) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
     parts.append(FRAGMENTS["tail"].substitute())
@@ -130,7 +135,7 @@ def _lua(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _rule(i: int, spec: RuleSpec, peek: str) -> str:
+def _rule(i: int, spec: RuleSpec, peek: str, n: int) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
     modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
     if algorithm in BUCKET_ALGORITHMS:
@@ -141,6 +146,8 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
                                               **modes)
     if algorithm == "quota" and p2 == 0:
         return FRAGMENTS["quota"].substitute(i=i, limit=p1, **modes)
+    if algorithm == "concurrency":
+        return FRAGMENTS["concurrency"].substitute(i=i, limit=p1, n=n, **modes)
     if algorithm in ("fixed_window", "quota"):
         return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek, **modes)
     if algorithm == "sliding_window":
@@ -169,12 +176,14 @@ def _repair(i: int, spec: RuleSpec) -> str:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"f{i}")
     if spec.algorithm == "sliding_log":
         return FRAGMENTS["sliding_log_repair"].substitute(i=i)
-    if spec.algorithm == "quota" and spec.p2 == 0:
+    if (spec.algorithm == "quota" and spec.p2 == 0) or spec.algorithm == "concurrency":
         return ""
     return FRAGMENTS["set_until"].substitute(i=i, value=f"f{i}", until=f"g{i}")
 
 
-def _write(i: int, spec: RuleSpec) -> str:
+def _write(i: int, spec: RuleSpec, n: int) -> str:
+    if spec.algorithm == "concurrency":
+        return FRAGMENTS["concurrency_write"].substitute(i=i, lease=spec.p2, n=n)
     if spec.algorithm in BUCKET_ALGORITHMS:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"a{i}")
     if spec.algorithm == "sliding_log":

@@ -377,6 +377,40 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     call('PEXPIREAT', key, fmt('%d', ceil((now + @window) / 1000)))
   end
 
+--@@ concurrency
+-- concurrency: at most @limit leases at once, one sorted-set member per slot, named by the request's
+-- lease token (ARGV[@n + 1]) and scored by the time it expires (µs): a gateway that dies holding one
+-- loses it @lease µs after its last renewal. Given back and renewed by lua/leases.lua.
+local a@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, cost = KEYS[@i], tonumber(ARGV[@i])
+  local ok, retry, wait, reset = false, -1, 0, 1000000
+  local count = 0
+  if not values[@i] then   -- MGET reads a sorted set as missing; a string is another algorithm's
+    count = call('ZCOUNT', key, '(' .. fmt('%d', now), '+inf')
+  end
+  local remaining = @limit - count
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
+      ok = true
+      remaining = @limit - count - cost
+      if cost > 0 and @charge then a@i = cost end
+    else
+      retry = 1000000   -- no honest time exists: a holder may give its slot back at any moment
+    end
+  end
+
+--@@ concurrency_write
+  if a@i then
+    local key, now_s = KEYS[@i], fmt('%d', now)
+    if values[@i] then call('DEL', key) end
+    call('ZREMRANGEBYSCORE', key, '-inf', now_s)   -- leases of dead holders
+    local until_s, token = fmt('%d', now + @lease), ARGV[@n + 1]
+    for u = 1, a@i do call('ZADD', key, until_s, token .. ':' .. u) end
+    local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')   -- the key lives as long as its last lease
+    call('PEXPIREAT', key, fmt('%d', ceil(tonumber(last[2]) / 1000)))
+  end
+
 --@@ verdict
   -- this rule's part of the reply, and the request's refusal if it refuses
   local outcome = 0
