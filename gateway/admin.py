@@ -151,6 +151,9 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
     if rule.algorithm in BUCKET_ALGORITHMS:
         out["rate_per_second"] = rule.rate
         out["burst"] = rule.burst
+    elif rule.algorithm == "concurrency":
+        out["limit"] = rule.limit
+        out["lease_seconds"] = rule.lease
     else:
         out["limit"] = rule.limit
         key = "period_seconds" if rule.algorithm == "quota" else "window_seconds"
@@ -159,6 +162,11 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
     out["cost"] = f"header:{rule.cost_header}" if rule.cost_header else rule.cost
     if rule.cost_header:
         out["cost_default"] = rule.cost
+    if rule.cost_response_header:
+        out["cost"] = f"response_header:{rule.cost_response_header}"
+    for name in ("count_on", "refund_on"):
+        if getattr(rule, name):
+            out[name] = sorted(getattr(rule, name))
     out.update(status=rule.status, shadow=rule.shadow, on_missing=rule.on_missing)
     return out
 

@@ -45,6 +45,9 @@ def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
     """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
     its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
     charge = not rule.charged_after
+    if rule.algorithm == "concurrency":
+        return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.lease * 1_000_000),
+                        rule.shadow, charge)
     if rule.algorithm in BUCKET_ALGORITHMS:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
@@ -93,6 +96,8 @@ def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
         return spec.p1 + 1, (spec.p1 + 1) * spec.p2
     if spec.algorithm in BUCKET_ALGORITHMS:
         return spec.p1, spec.p1 * spec.p2
+    if spec.algorithm == "concurrency":
+        return spec.p1, 1_000_000  # reset: a second (no honest time exists)
     return spec.p1, spec.p2 if spec.p2 > 0 else -1
 
 
@@ -121,21 +126,21 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
         slots=", ".join("0" for _ in range(index - 1)),
     )]
-    at_param: dict[int, int] = {}  # rule -> where its numbers start in P (after the costs)
+    at_param: dict[int, int] = {}  # rule -> where its numbers start in P
     if overridden:
-        parts.append(FRAGMENTS["override_params"].substitute(n=n, format="<" + "d" * (PARAMS * len(overridden))))
+        parts.append(FRAGMENTS["override_params"].substitute(format="<" + "d" * (PARAMS * len(overridden))))
         at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         at = at0 + 1
         reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
         given = _given(at_param.get(i - 1))
-        parts.append(_rule(i, spec, peek_lua, given))
+        parts.append(_rule(i, spec, peek_lua, n, given))
         parts.append(FRAGMENTS["verdict"].substitute(
             i=i, shadow="true" if spec.shadow else "false", most=given.get("most", most), reply=reply))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
-        writes = [_write(i, spec, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
+        writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
     parts.append(FRAGMENTS["tail"].substitute())
@@ -166,7 +171,7 @@ def override_params(spec: RuleSpec) -> tuple[int, int, int, int, int]:
     return spec.p1, spec.p2, slack, 0, most
 
 
-def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None) -> str:
+def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | None = None) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
     modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
     given = given or {}
@@ -179,6 +184,8 @@ def _rule(i: int, spec: RuleSpec, peek: str, given: dict[str, str] | None = None
                                               read_state=read, **modes)
     if algorithm == "quota" and p2 == 0:
         return FRAGMENTS["quota"].substitute(i=i, limit=g1, **modes)
+    if algorithm == "concurrency":
+        return FRAGMENTS["concurrency"].substitute(i=i, limit=g1, n=n, **modes)
     if algorithm in ("fixed_window", "quota"):
         return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek, **modes)
     if algorithm == "sliding_window" and given:
@@ -220,12 +227,14 @@ def _repair(i: int, spec: RuleSpec) -> str:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"f{i}")
     if spec.algorithm == "sliding_log":
         return FRAGMENTS["sliding_log_repair"].substitute(i=i)
-    if spec.algorithm == "quota" and spec.p2 == 0:
+    if (spec.algorithm == "quota" and spec.p2 == 0) or spec.algorithm == "concurrency":
         return ""
     return FRAGMENTS["set_until"].substitute(i=i, value=f"f{i}", until=f"g{i}")
 
 
-def _write(i: int, spec: RuleSpec, given: dict[str, str] | None = None) -> str:
+def _write(i: int, spec: RuleSpec, n: int, given: dict[str, str] | None = None) -> str:
+    if spec.algorithm == "concurrency":  # the file's lease: leases are renewed by it (lua/leases.lua)
+        return FRAGMENTS["concurrency_write"].substitute(i=i, lease=spec.p2, n=n)
     if spec.algorithm in BUCKET_ALGORITHMS:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"a{i}")
     if spec.algorithm == "sliding_log":

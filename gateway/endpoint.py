@@ -46,7 +46,14 @@ class ProxyEndpoint:
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
             else:
                 request_id = request_id_for(result.request.request_id)
-                status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime)
+                lease, leases = result.lease, runtime.leases
+                if lease is not None and leases is not None:
+                    leases.hold(lease)  # its slots while it is in flight, given back however it ends
+                try:
+                    status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime)
+                finally:
+                    if lease is not None and leases is not None:
+                        leases.release(lease)
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
         finally:
             runtime.leave()

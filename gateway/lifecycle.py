@@ -90,6 +90,8 @@ class Lifecycle:
             return
         if runtime.settler is not None:
             await runtime.settler.drain()  # charges and refunds of the last answers
+        if runtime.leases is not None:
+            await runtime.leases.drain()  # slots of the last requests given back
         for client in runtime.clients.values():
             await client.close()
         await runtime.limiter.close()
@@ -156,4 +158,6 @@ class Lifecycle:
         if new.limiter is not old.limiter:
             if old.settler is not None:
                 await old.settler.drain()
+            if old.leases is not None:
+                await old.leases.drain()
             await old.limiter.close()

@@ -70,6 +70,7 @@ class ScriptRunner(Protocol):
 
 _OUTCOMES = tuple(Outcome)
 _SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+LEASES = Script("leases")
 MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
 
 
@@ -138,12 +139,14 @@ class Limiter:
         keys: list[str],
         costs: Sequence[int | None],
         peek: bool = False,
+        lease: bytes = b"",
     ) -> Decision:
         """rules: each rule's `rule_spec()`, a route's all; keys and costs: one per rule, in order.
 
         A cost of None: the request has no identity for that rule (its key is any key with the
         route's hash tag), which sits out and is left out of the Decision. So one script serves a
-        route. peek: report the rules' state and write nothing (costs should be 0)."""
+        route. peek: report the rules' state and write nothing (costs should be 0). lease: the
+        request's lease token, for a route with concurrency rules."""
         combination = (tuple(rules), peek)
         found = self.scripts.get(combination)
         if found is None:
@@ -157,7 +160,9 @@ class Limiter:
         started = time.perf_counter()
         try:
             args: list[bytes | int] = [b"" if c is None else c for c in costs]
-            if found.params:
+            if lease:
+                args.append(lease)
+            if found.params:  # last: lua/decide.lua reads them at ARGV[#ARGV]
                 args.extend(found.params)
             reply = await self.runner.run(found.script, keys, args)
         except RedisUnavailable as exc:
@@ -203,6 +208,15 @@ class Limiter:
         return await self.runner.run(script, keys, args)
 
     # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
+
+    async def leases(self, release: bool, keys: Sequence[str], args: Sequence[bytes | int]) -> int:
+        """Give back (release) or renew concurrency leases: lua/leases.lua, keys of one hash tag.
+        Raises a RedisUnavailable subclass; not asked while the keys' breaker is open."""
+        breaker = self._breaker_for(self.runner.failure_domain(keys[0]))
+        if not breaker.allow():
+            raise BreakerOpen("Redis circuit breaker is open")
+        reply = await self.runner.run(LEASES, keys, [b"release" if release else b"renew", *args])
+        return int(reply)
 
     async def ping(self) -> None:
         """Return when Redis answers PING; raise a RedisUnavailable subclass otherwise."""

@@ -51,6 +51,11 @@ SETTLE_FAILURES = Counter(
     "rule and kind.",
     ["route", "rule", "kind"],
 )
+LEASE_FAILURES = Counter(
+    "gateway_lease_failures_total",
+    "Concurrency slots Redis could not give back (release: freed when their lease runs out) or renew.",
+    ["route", "rule", "kind"],
+)
 RULE_LIMIT = Gauge(
     "gateway_rule_limit",
     "Each rule's configured quota: its limit, or its burst for token_bucket, gcra and leaky_bucket "
@@ -204,6 +209,7 @@ rule_decisions = _local(RULE_DECISIONS, _LocalCounter, 4096)
 responses = _local(RESPONSES, _LocalCounter, 4096)
 settlements = _local(SETTLEMENTS, _LocalCounter, 4096)
 settle_failures = _local(SETTLE_FAILURES, _LocalCounter, 4096)
+lease_failures = _local(LEASE_FAILURES, _LocalCounter, 4096)
 redis_latency = _local(REDIS_LATENCY, _LocalHistogram, 8)
 upstream_latency = _local(UPSTREAM_LATENCY, _LocalHistogram, 1024)
 upstream_errors = _local(UPSTREAM_ERRORS, _LocalCounter, 1024)

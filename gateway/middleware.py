@@ -35,7 +35,7 @@ from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
 from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
-from gateway.pipeline import Answer, Limits, RequestOutcome, decide
+from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
 from gateway.responses import problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
@@ -79,12 +79,22 @@ class RateLimitMiddleware:
             elif result.outcome is not RequestOutcome.CLIENT_GONE:
                 await send_answer(send, (result.status, result.headers, result.body))
             return
-        if result.delay_ms > 0:
-            await asyncio.sleep(result.delay_ms / 1000)
-        if result.body_prefix is not None and result.request.has_body:
-            receive = _replay(result.body_prefix, result.more_body, receive)
-        if result.headers:
-            send = _with_headers(send, result.headers)
+        lease, leases = result.lease, runtime.leases
+        if lease is not None and leases is not None:
+            leases.hold(lease)  # its slots while the app answers, given back however it ends
+        try:
+            if result.delay_ms > 0:
+                await asyncio.sleep(result.delay_ms / 1000)
+            if result.body_prefix is not None and result.request.has_body:
+                receive = _replay(result.body_prefix, result.more_body, receive)
+            if result.headers:
+                send = _with_headers(send, result.headers)
+            await self._call_app(runtime, result, scope, receive, send)
+        finally:
+            if lease is not None and leases is not None:
+                leases.release(lease)
+
+    async def _call_app(self, runtime: Runtime, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
         settlement, settler = result.settlement, runtime.settler
         if settlement is None or settler is None:
             await self.app(_as_decided(scope, result.request), receive, send)

@@ -68,6 +68,10 @@ CHANGED = Script("overrides_changes")
 COMMAND = Script("command")
 
 
+# parameters an override may not set, and why
+FILE_ONLY = {"lease": "is the file's for every identity: gateways renew leases by it (lua/leases.lua)"}
+
+
 class OverrideInvalid(ValueError):
     """A body that is not a valid override of its rule; `field` names the parameter at fault."""
 
@@ -92,6 +96,8 @@ def parse_override(rule: Rule, body: Any) -> Rule | None:
     for key in body:
         if key not in takes:
             raise OverrideInvalid(str(key)[:64], f"is not a parameter of {algorithm} (it takes {', '.join(takes)})")
+        if key in FILE_ONLY:
+            raise OverrideInvalid(key, FILE_ONLY[key])
     for key in needed:
         if key not in body:
             raise OverrideInvalid(key, f"is required by {algorithm}")

@@ -30,6 +30,7 @@ from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
+from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import RouteTable, overridden
 from gateway.repeats import Seen, request_key
@@ -100,6 +101,7 @@ class Admit:
     more_body: bool                  # more of the body is still to come from the client
     decided_by: DecidedBy = DecidedBy.NONE
     settlement: Settlement | None = None  # what the answer may still charge or give back
+    lease: Lease | None = None            # concurrency slots held until the request ends
 
     @property
     def route(self) -> str:
@@ -144,9 +146,10 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     rules, keys, costs, args, shard = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
+    token = new_token() if plan.holds_slots else b""
     try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
-        decision, from_memory = await runtime.refusals.decide(rules, keys, costs,
-                                                              partial(runtime.limiter.decide, args, keys, costs))
+        decision, from_memory = await runtime.refusals.decide(
+            rules, keys, costs, partial(runtime.limiter.decide, args, keys, costs, lease=token))
     except RedisUnavailable as exc:
         metrics.REDIS_ERRORS.labels(exc.kind).inc()
         if route.failure_mode == "closed":
@@ -166,8 +169,20 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
         settlement = Settlement(plan, shard, keys, costs, decision, runtime.redis.timeout + SETTLE_MARGIN)
         if args is not plan.shard_args[shard]:  # overridden for this identity (gateway/overrides.py)
             settlement.settle_args = tuple(spec.settling() for spec in args)
+    lease = _lease(plan, keys, costs, args, token) if token else None
     return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
-                 DecidedBy.REDIS, settlement)
+                 DecidedBy.REDIS, settlement, lease)
+
+
+def _lease(plan: RoutePlan, keys: list[str], costs: list[int | None], args: tuple[RuleSpec, ...],
+           token: bytes) -> Lease | None:
+    """The slots an admitted request took in its route's concurrency rules."""
+    held = [i for i, (rule, cost) in enumerate(zip(plan.rules, costs, strict=True))
+            if rule.algorithm == "concurrency" and cost]
+    if not held:
+        return None
+    return Lease(token, plan.route.name, [plan.rules[i].name for i in held], [keys[i] for i in held],
+                 [costs[i] or 0 for i in held], [args[i].p2 for i in held])
 
 
 def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:

@@ -270,8 +270,8 @@ class LocalRefusals:
         retry = decision.retry_after_ms
         if retry is None or state.outcome is not Outcome.REFUSES:
             return None  # no retry: lifted only by a reset (a quota without period)
-        if rule.algorithm == Algorithm.LEAKY_BUCKET:
-            return None
+        if rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.CONCURRENCY):
+            return None  # a concurrency slot may come back at any moment
         steady = rule.algorithm in (Algorithm.FIXED_WINDOW, Algorithm.QUOTA)
         if not steady and state.remaining != cost - 1:
             # remaining < cost all through the wait; only at cost - 1 can it not grow meanwhile

@@ -14,6 +14,7 @@ from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings, Route, Rule
 from gateway.identity import JwtVerifier
 from gateway.keys import shard_of, shard_tags, state_key
+from gateway.leases import Leases
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.overrides import RouteTable
@@ -42,6 +43,7 @@ class RoutePlan:
     # and the response fields that declare a cost (withheld from the client)
     shard_settle_args: tuple[tuple[RuleSpec, ...], ...] = ()
     withheld: frozenset[bytes] = frozenset()
+    holds_slots: bool = False  # concurrency rules: a request holds its slots while in flight (gateway/leases.py)
 
     @property
     def settles(self) -> bool:
@@ -82,6 +84,7 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         shard_settle_args=tuple(tuple(spec.settling() for spec in specs) for specs in shard_args)
         if any(rule.settles for rule in route.limits) else (),
         withheld=frozenset(rule.cost_response_header.encode() for rule in route.limits if rule.cost_response_header),
+        holds_slots=any(rule.algorithm == "concurrency" for rule in route.limits),
     )
 
 
@@ -96,6 +99,7 @@ class Runtime:
     jwt: JwtVerifier | None
     refusals: LocalRefusals = field(default_factory=LocalRefusals)  # this config's, this worker's
     settler: Settler | None = None  # charges and refunds after the answer (gateway/settlement.py)
+    leases: Leases | None = None    # concurrency slots held and given back (gateway/leases.py)
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     in_flight: int = 0
@@ -158,4 +162,5 @@ def build_runtime(
         jwt=JwtVerifier(config.jwt) if uses_jwt else None,
         refusals=refusals,
         settler=Settler(limiter, refusals),
+        leases=Leases(limiter),
     )

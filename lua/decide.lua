@@ -58,11 +58,11 @@ local out = {@slots}
 local refused, by, worst, delay = false, 0, 0, 0
 
 --@@ override_params
--- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules,
--- ARGV[@n + 1] holds their numbers, five doubles per overridden rule, little-endian
--- (gateway/decision_script.py `override_params`); their fragments read P where the file's script
--- has constants
-local P = {struct.unpack('@format', ARGV[@n + 1])}
+-- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules, the
+-- last ARGV (after the costs and any lease token) holds their numbers, five doubles per overridden
+-- rule, little-endian (gateway/decision_script.py `override_params`); their fragments read P where
+-- the file's script has constants
+local P = {struct.unpack('@format', ARGV[#ARGV])}
 
 --@@ bucket
 -- token_bucket, gcra (@queue = 0): burst @burst, one request every @step µs; state = the time the
@@ -82,7 +82,11 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     if need <= 0 or @force then
       ok, wait = true, ahead * @queue
       ahead = ahead + cost * @step
-      if ahead < 0 then ahead = 0 end   -- a refund never fills the bucket past full
+      if ahead < 0 then
+        ahead = 0                         -- a refund never fills the bucket past full
+      elseif @force and ahead > @span then
+        ahead = @span                     -- a charge past the room leaves the bucket empty, no more
+      end
       room = @span - ahead
       remaining = (room - room % @step) / @step + @queue
       reset = ahead
@@ -268,7 +272,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       remaining = remaining - cost
       if cost ~= 0 and @charge then
         local c = cur + cost
-        if c < 0 then c = 0 end
+        if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
         a@i, b@i = @pack_state
       end
     else
@@ -378,6 +382,40 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       while call('ZADD', key, 'NX', now_s, now_s .. '~' .. (a@i + u) .. '.' .. k) == 0 do k = k + 1 end
     end
     call('PEXPIREAT', key, fmt('%d', ceil((now + @window) / 1000)))
+  end
+
+--@@ concurrency
+-- concurrency: at most @limit leases at once, one sorted-set member per slot, named by the request's
+-- lease token (ARGV[@n + 1]) and scored by the time it expires (µs): a gateway that dies holding one
+-- loses it @lease µs after its last renewal. Given back and renewed by lua/leases.lua.
+local a@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, cost = KEYS[@i], tonumber(ARGV[@i])
+  local ok, retry, wait, reset = false, -1, 0, 1000000
+  local count = 0
+  if not values[@i] then   -- MGET reads a sorted set as missing; a string is another algorithm's
+    count = call('ZCOUNT', key, '(' .. fmt('%d', now), '+inf')
+  end
+  local remaining = @limit - count
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
+      ok = true
+      remaining = @limit - count - cost
+      if cost > 0 and @charge then a@i = cost end
+    else
+      retry = 1000000   -- no honest time exists: a holder may give its slot back at any moment
+    end
+  end
+
+--@@ concurrency_write
+  if a@i then
+    local key, now_s = KEYS[@i], fmt('%d', now)
+    if values[@i] then call('DEL', key) end
+    call('ZREMRANGEBYSCORE', key, '-inf', now_s)   -- leases of dead holders
+    local until_s, token = fmt('%d', now + @lease), ARGV[@n + 1]
+    for u = 1, a@i do call('ZADD', key, until_s, token .. ':' .. u) end
+    local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')   -- the key lives as long as its last lease
+    call('PEXPIREAT', key, fmt('%d', ceil(tonumber(last[2]) / 1000)))
   end
 
 --@@ verdict

@@ -170,6 +170,7 @@ EXAMPLE_PARAMS: dict[str, dict[str, Any]] = {
     "gcra": {"rate": "5/s", "burst": 5},
     "leaky_bucket": {"rate": "5/s", "burst": 5},
     "quota": {"limit": 100, "period": "1d"},
+    "concurrency": {"limit": 10, "lease": "30s"},
 }
 
 # Every key whose value is one of a list of choices, and where it is planted.
@@ -348,6 +349,8 @@ BEYOND_A_SCHEMA = {
     "hop_by_hop_identity": "a case-insensitive list of header names (unreadable as a pattern)",
     "impossible_cost": "compares cost with the rule's capacity",
     "jwt_without_key": "a source that depends on another section",
+    "count_on_leaky_bucket": "a key forbidden with one algorithm's value",
+    "refund_sliding_log": "a key forbidden with one algorithm's value",
     "match_hop_by_hop_header": "a case-insensitive list of header names (unreadable as a pattern)",
     "match_jwt_without_key": "a condition that depends on another section",
     "missing_path_param": "a source that depends on the route's path",
@@ -389,6 +392,7 @@ GOOD: dict[str, list[Any]] = {
     "limit": [1, 5, 100_000, 100_001, 1_000_000_000],
     "window": ["1s", "50ms", "1.5m", "15min", "2h", "1d", " 10 s ", "0.5ms"],
     "period": ["1d", "30m"],
+    "lease": ["30s", "2m"],
     "rate": ["5/s", "100/min", "1000/h", "10000/d", "2/sec", "1/minute", "0.5/s", "3 / hour"],
     "burst": [1, 10, 1_000_000_000],
     "status": [400, 409, 429, 503, 599],
@@ -399,6 +403,7 @@ BAD: dict[str, list[Any]] = {
     "limit": [0, -3, 1_000_000_001, "many", True],
     "window": ["0s", "0.0ms", "10", "1w", "-1s", 5, ""],
     "period": ["0s", "forever"],
+    "lease": ["0s", "soon"],
     "rate": ["0/s", "0.0/min", "5", "5/w", "5/s/s", "-1/s"],
     "burst": [0, -1, 2_000_000_000, "lots"],
     "status": [399, 600, 200],

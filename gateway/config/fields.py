@@ -80,6 +80,7 @@ class Algorithm(StrEnum):
     GCRA = "gcra"
     LEAKY_BUCKET = "leaky_bucket"
     QUOTA = "quota"
+    CONCURRENCY = "concurrency"
 
 
 WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)
@@ -104,6 +105,7 @@ NO_DEFAULT: Any = object()
 _WINDOWS = WINDOW_ALGORITHMS
 _BUCKETS = BUCKET_ALGORITHMS
 _QUOTA = (Algorithm.QUOTA,)
+_CONCURRENCY = (Algorithm.CONCURRENCY,)
 
 
 @dataclass(frozen=True)
@@ -243,8 +245,9 @@ FIELDS: tuple[Field, ...] = (
     _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",
        required="([] for one shared key)"),
     _f(RULE, "algorithm", Choice(ALGORITHMS), "How the rule counts (README: the algorithms).", required=""),
-    _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows) or in total (quota).",
-       default=0, needed_by=(*_WINDOWS, *_QUOTA)),
+    _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows), in total (quota) or "
+       "in flight at once (concurrency).",
+       default=0, needed_by=(*_WINDOWS, *_QUOTA, *_CONCURRENCY)),
     _f(RULE, "window", Duration(window=True), "Window length: 1ms to 100 years.", default=0.0,
        needed_by=_WINDOWS),
     _f(RULE, "rate", Rate(), "Refill or leak rate.", default=0.0, needed_by=_BUCKETS),
@@ -252,6 +255,9 @@ FIELDS: tuple[Field, ...] = (
        "(leaky_bucket).", default=0, needed_by=_BUCKETS),
     _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
        "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
+    _f(RULE, "lease", Duration(window=True), "concurrency: how long a slot outlives a gateway that died holding "
+       "it (a request in flight renews its lease while it lasts).", default=60.0, optional_for=_CONCURRENCY,
+       shown="60s"),
     _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
        "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
        "header is removed before the client sees it).", default=1),

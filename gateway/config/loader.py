@@ -558,6 +558,9 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for statuses in ("count_on", "refund_on"):
         if statuses in values:
             values[statuses] = frozenset(status for covered in values[statuses] for status in covered)
+    if algorithm == Algorithm.CONCURRENCY and values.get("limit", 0) > SLIDING_LOG_MAX:
+        message = f"concurrency keeps one lease per request in flight; use at most {SLIDING_LOG_MAX}"
+        r.problem(found.nodes["limit"], f"{key}.limit", message)
     if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
         message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
         r.problem(found.nodes["limit"], f"{key}.limit", message)
@@ -591,6 +594,15 @@ def _check_settling(rule: Rule, found: Found, key: str, r: _Reader) -> None:
     if after and rule.algorithm == Algorithm.LEAKY_BUCKET:
         r.problem(found.nodes[after], f"{key}.{after}", "a leaky_bucket places a request in its queue at "
                   "admission; it cannot be charged after the answer")
+    if rule.algorithm == Algorithm.CONCURRENCY:
+        for name in ("count_on", "refund_on"):
+            if name in found:
+                r.problem(found.nodes[name], f"{key}.{name}", "a concurrency slot is always given back when the "
+                          "request ends; it is never charged or refunded by the answer")
+        if rule.cost_response_header or rule.cost_header:
+            r.problem(found.nodes["cost"], f"{key}.cost", "a concurrency rule's cost is a number of slots")
+        if not MIN_WINDOW <= rule.lease <= MAX_SPAN:
+            r.problem(found.nodes.get("lease"), f"{key}.lease", "must be from 1ms to 100 years")
     if rule.count_on and rule.cost_header:
         r.problem(found.nodes["count_on"], f"{key}.count_on", "a cost the client declares (header:NAME) is "
                   "charged at admission; count_on charges after the answer (use a number or response_header:NAME)")

@@ -57,6 +57,7 @@ class Rule:
     algorithm: str
     limit: int = default(P.RULE, "limit")          # windows and quota
     window: float = default(P.RULE, "window")      # seconds; windows; quota period (0 = never refills)
+    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
     rate: float = default(P.RULE, "rate")          # per second; buckets
     burst: int = default(P.RULE, "burst")          # buckets
     cost: int = default(P.RULE, "cost")
@@ -96,6 +97,8 @@ class Rule:
     @property
     def policy_window(self) -> float:
         """Seconds the quota is measured over, for RateLimit-Policy (0 = no window)."""
+        if self.algorithm == Algorithm.CONCURRENCY:
+            return 0.0  # slots in flight, not a rate
         if self.algorithm in BUCKET_ALGORITHMS:
             return self.burst / self.rate
         return self.window

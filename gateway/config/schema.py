@@ -86,12 +86,13 @@ def _algorithm(algorithm: Algorithm) -> Schema:
     needed, optional = parameters(algorithm)
     then: Schema = {"required": list(needed),
                     "properties": {p: False for p in PARAMETERS if p not in needed + optional}}
-    if algorithm is Algorithm.SLIDING_LOG:
+    if algorithm in (Algorithm.SLIDING_LOG, Algorithm.CONCURRENCY):
         then["properties"]["limit"] = {
-            "description": f"sliding_log keeps one entry per request: at most {SLIDING_LOG_MAX} "
-                           "(or use sliding_window)",
+            "description": f"{algorithm.value} keeps one entry per request: at most {SLIDING_LOG_MAX}",
             "anyOf": [{"type": "integer", "maximum": SLIDING_LOG_MAX}, ENV],
         }
+    if algorithm is Algorithm.CONCURRENCY:  # slots always come back when a request ends
+        then["properties"].update(count_on=False, refund_on=False)
     return {"if": {"properties": {"algorithm": {"const": algorithm.value}}, "required": ["algorithm"]},
             "then": then}
 
