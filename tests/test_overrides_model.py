@@ -108,3 +108,21 @@ def test_a_sliding_window_keeps_its_counts_when_an_override_comes_and_goes(engin
     # and the file's script reads the override's: 5 taken, over its 3
     refused = decide(engine, plain, [key], [1])
     assert not refused.admitted and refused.rules[0].remaining == 0
+
+
+def test_a_concurrency_rule_overridden_holds_its_own_number_of_slots_beside_a_lease(engine: Engine) -> None:
+    file_rule = Rule("r", (), "concurrency", limit=1)
+    bucket = Rule("b", (), "token_bucket", rate=1.0, burst=10)
+    more = replace(file_rule, limit=3)
+    keys = fresh_keys(2)
+    specs = [rule_spec(more)._replace(base=rule_spec(file_rule)), rule_spec(bucket)]
+    engine.at(T0 + 5_000)
+
+    def take(n: int) -> Decision:
+        return engine.loop.run_until_complete(engine.limiter.decide(specs, keys, [1, 1], lease=f"req{n}".encode()))
+
+    taken = [take(n) for n in range(4)]
+    assert [d.admitted for d in taken] == [True, True, True, False]
+    assert taken[3].refused_by == 0 and taken[2].rules[1].remaining == 7   # the bucket's part, as ever
+    held = engine.client.zrange(keys[0], 0, -1)
+    assert sorted(held) == [b"req0:1", b"req1:1", b"req2:1"]               # leases named by the token
