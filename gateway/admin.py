@@ -11,7 +11,8 @@ key, reload.
                                              total over them and each shard's (docs/scaling.md)
     DELETE /limits/{route}/{rule}?key=...    reset it (in every shard)
     POST   /reload                           validate routes.yaml and swap it in
-    GET    /overrides                        every rule's count of per-identity overrides
+    GET    /overrides                        every rule's count of per-identity overrides, and a page
+                                             of them all (?cursor=&limit=)
     GET    /overrides/{route}/{rule}         its overrides, paged (?cursor=&limit=); ?key=: one
     PUT    /overrides/{route}/{rule}?key=... replace the rule's parameters for one identity (JSON body
                                              of the rule's own parameters, or {"unlimited": true})
@@ -346,14 +347,29 @@ def admin_app(control: AdminControl) -> Starlette:
         runtime = _runtime(control)
         store = Store(runtime.limiter, runtime.redis.key_prefix)
         rules = [(route, rule) for route in runtime.config.routes for rule in route.limits]
+        limit = _page_limit(request)
+        at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
+        if limit is None or not (at.isdigit() and cursor.isdigit()):
+            return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+        index, listed = int(at), list[dict[str, Any]]()
         try:
-            counts = await _each(rules, lambda at: store.count(at[0].name, at[1].name))
+            counts = await _each(rules, lambda rr: store.count(rr[0].name, rr[1].name))
+            while index < len(rules) and len(listed) < limit:
+                route, rule = rules[index]
+                nxt, pairs = ("0", []) if not counts[index] else await store.page(
+                    route.name, rule.name, cursor, limit - len(listed))
+                listed += [{"route": route.name, "rule": rule.name, "key": token, "override": json.loads(text)}
+                           for token, text in pairs]
+                index, cursor = (index + 1, "0") if nxt == "0" else (index, nxt)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
-        return JSONResponse({"rules": [
-            {"route": route.name, "rule": rule.name, "algorithm": rule.algorithm, "overrides": count,
-             "max_overrides": rule.max_overrides}
-            for (route, rule), count in zip(rules, counts, strict=True)]})
+        return JSONResponse({
+            "rules": [{"route": route.name, "rule": rule.name, "algorithm": rule.algorithm, "overrides": count,
+                       "max_overrides": rule.max_overrides}
+                      for (route, rule), count in zip(rules, counts, strict=True)],
+            "overrides": listed,
+            "next_cursor": f"{index}.{cursor}" if index < len(rules) else None,
+        })
 
     async def one_override(request: Request) -> Response:
         runtime = _runtime(control)
@@ -456,13 +472,17 @@ def _override_token(request: Request, rule: Rule) -> str | None:
     return identity_token(values)
 
 
+def _page_limit(request: Request) -> int | None:
+    """`?limit=` of a page of overrides (default 100), or None when it is not 1 to PAGE_LIMIT."""
+    text = request.query_params.get("limit", "100")
+    limit = int(text) if text.isdigit() else 0
+    return limit if 0 < limit <= PAGE_LIMIT else None
+
+
 async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
     cursor = request.query_params.get("cursor", "0") or "0"
-    try:
-        limit = int(request.query_params.get("limit", "100"))
-    except ValueError:
-        limit = 0
-    if not cursor.isdigit() or not 0 < limit <= PAGE_LIMIT:
+    limit = _page_limit(request)
+    if not cursor.isdigit() or limit is None:
         return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
     try:
         nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)

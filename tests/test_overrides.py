@@ -136,6 +136,13 @@ def test_overrides_per_rule_are_bounded_by_max_overrides(pair: tuple[GatewayProc
         if cursor is None:
             break
     assert seen == {"u2": {"limit": 10, "window": "1m"}, "u3": body, "u4": body}
+    everything, cursor = [], "0.0"
+    while cursor is not None:
+        page = httpx.get(f"{a.admin_url}/overrides", params={"limit": 2, "cursor": cursor}).json()
+        everything += page["overrides"]
+        cursor = page["next_cursor"]
+    assert sorted(item["key"] for item in everything) == ["u2", "u3", "u4"]
+    assert {(item["route"], item["rule"]) for item in everything} == {("api", "user")}
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
