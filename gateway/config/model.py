@@ -57,17 +57,17 @@ class Rule:
     algorithm: str
     limit: int = default(P.RULE, "limit")          # windows and quota
     window: float = default(P.RULE, "window")      # seconds; windows; quota period (0 = never refills)
-    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
     rate: float = default(P.RULE, "rate")          # per second; buckets
     burst: int = default(P.RULE, "burst")          # buckets
     cost: int = default(P.RULE, "cost")
     cost_header: str | None = None                 # the client declares the cost (header:NAME)
-    cost_response_header: str | None = None        # the upstream declares it (response_header:NAME)
-    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
-    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
     status: int = default(P.RULE, "status")
     shadow: bool = default(P.RULE, "shadow")
     on_missing: str = default(P.RULE, "on_missing")
+    cost_response_header: str | None = None        # the upstream declares the cost (response_header:NAME)
+    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
+    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
+    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
