@@ -376,7 +376,8 @@ def _route(
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
-    values = {**defaults, **r.read(found, key, Place.ROUTE, only=["upstream", "failure_mode", "headers", "shards"])}
+    values = {**defaults, **r.read(found, key, Place.ROUTE, only=["upstream", "failure_mode", "headers", "shards",
+                                                                  "websocket", "websocket_idle_timeout"])}
     path, methods, host = _match(found.nodes["match"], f"{key}.match", r)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
@@ -386,6 +387,9 @@ def _route(
     rules, rule_nodes = _rules(found, key, r, path_params(path), jwt)
     if values.get("shards", 1) > 1:
         _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
+    if values.get("websocket") and upstream is not None and upstream.http2:
+        r.problem(found.nodes["websocket"], f"{key}.websocket",
+                  f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
     if name is None or (upstream is None and r.proxy):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules), **values)
