@@ -1,8 +1,11 @@
 """The proxy endpoint: one request -> the pipeline -> forwarded to its upstream, or answered.
 
 A pure ASGI callable, routed by the Starlette app (gateway/app.py) for every request that did not
-arrive on the admin port. `answer_early` is the same endpoint for the server protocol's early path:
-a refusal held in memory, answered before the application is entered (gateway/pipeline.py).
+arrive on the admin port. An admitted WebSocket handshake is forwarded with the server's hand-over
+of the client connection (the `gateway.upgrade` extension): a 101 from the upstream becomes a tunnel
+(gateway/tunnel.py), and the call returns when it closes. `answer_early` is the same endpoint for
+the server protocol's early path: a refusal held in memory, answered before the application is
+entered (gateway/pipeline.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
 from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
+from gateway.tunnel import switcher, upgrade_acceptor
 
 Reply = tuple[int, Headers, bytes]
 
@@ -45,7 +49,7 @@ class ProxyEndpoint:
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
             else:
                 request_id = request_id_for(result.request.request_id)
-                status = await _forward(result, receive, send, request_id, self.limits.body_timeout)
+                status = await _forward(result, receive, send, request_id, self.limits.body_timeout, scope)
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
         finally:
             runtime.leave()
@@ -72,7 +76,14 @@ async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
     return await send_answer(send, (answer.status, headers, answer.body))
 
 
-async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float) -> int:
+async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                   scope: Scope) -> int:
+    switched = None
+    if admit.request.upgrade:
+        accept = upgrade_acceptor(scope)
+        if accept is None:  # a server that cannot hand the connection over (uvicorn's own protocol)
+            return await _reply(send, problem(501, "this server cannot switch protocols"), request_id)
+        switched = switcher(accept, admit.plan.route.websocket_idle_timeout)
     if admit.delay_ms > 0:
         await asyncio.sleep(admit.delay_ms / 1000)
     client = admit.plan.client
@@ -84,7 +95,7 @@ async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes
     name = client.upstream.name
     started = time.perf_counter()
     try:
-        forwarded = await client.forward(admit.request, body, send, response_headers, request_id)
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, switched)
     except UpstreamTimeout as exc:
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)
