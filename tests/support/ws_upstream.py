@@ -1,6 +1,8 @@
 """A real WebSocket upstream (the `websockets` package) for the tunnel tests, run as a subprocess.
 
     /echo...     every message sent back as it came
+    /sink        messages counted, not kept; the text "end" is answered with the byte count
+    /source/N    N MiB sent in 1 MiB messages, then the connection is closed
     /refuse      no switch: 403 with a body (an ordinary HTTP answer to a handshake)
     /handshakes  (plain GET) how many handshakes reached this server, as text
 """
@@ -19,11 +21,25 @@ from websockets.http11 import Request, Response
 from tests.support.ports import free_port
 
 HANDSHAKES = 0
+MiB = 1 << 20
 
 
 async def handler(ws: ServerConnection) -> None:
-    async for message in ws:
-        await ws.send(message)
+    path = ws.request.path if ws.request is not None else ""
+    if path == "/sink":
+        received = 0
+        async for message in ws:
+            if message == "end":
+                await ws.send(str(received))
+            else:
+                received += len(message)
+    elif path.startswith("/source/"):
+        piece = b"s" * MiB
+        for _ in range(int(path.rsplit("/", 1)[1])):
+            await ws.send(piece)
+    else:
+        async for message in ws:
+            await ws.send(message)
 
 
 def process_request(connection: ServerConnection, request: Request) -> Response | None:
