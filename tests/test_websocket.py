@@ -288,3 +288,24 @@ def echo_until_closed(ws: ClientConnection) -> None:
     while True:
         ws.send("x")
         ws.recv(timeout=10)
+
+
+def test_httpx_own_transport_hands_over_its_network_stream_the_same_way(
+        tmp_path: Path, redis_proc: RedisProcess, ws_upstream: WsUpstream, upstream: Upstream) -> None:
+    """LeanTransport's `network_stream` is httpcore's interface: with httpx's own transport behind
+    the same seam (tests.support.comparison_gateway) the tunnel works unchanged."""
+    text = CONFIG.format(prefix=f"w{uuid.uuid4().hex[:8]}", ws=ws_upstream.url, http=upstream.url)
+    proc = GatewayProcess(text, tmp_path, redis_url=redis_proc.url, transport="httpx")
+    proc.start()
+    try:
+        with connect_sync(ws_url(proc, "/echo/httpx"), max_size=None) as ws:
+            ws.send("hello")
+            assert ws.recv() == "hello"
+            ws.send(b"b" * MiB)
+            assert ws.recv() == b"b" * MiB
+        with pytest.raises(InvalidStatus) as refused:
+            connect_sync(ws_url(proc, "/refuse"))
+        assert refused.value.response.status_code == 403
+    finally:
+        assert proc.stop() == 0
+    assert "Traceback" not in proc.log(), proc.log()
