@@ -27,17 +27,24 @@ class RuleSpec(NamedTuple):
     p1: int      # limit (windows, quota) or burst (buckets)
     p2: int      # window / period, or a bucket's emission interval
     shadow: bool
+    charge: bool = True   # an admission writes; False: checked now, charged after the answer
+    force: bool = False   # the settling script: the cost is taken (or given back) whatever the room
+
+    def settling(self) -> RuleSpec:
+        """This rule in the script that charges and refunds after the answer."""
+        return self._replace(charge=True, force=True)
 
 
 def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
     """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
     its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
+    charge = not rule.charged_after
     if rule.algorithm in BUCKET_ALGORITHMS:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
-        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow)
+        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow, charge)
     return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.window * 1_000_000),
-                    rule.shadow)
+                    rule.shadow, charge)
 
 
 # sliding_window keeps its window number modulo 10^d in its value; when 10^d windows span at least
@@ -119,17 +126,23 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
     return "".join(parts), Layout(tuple(slots))
 
 
+def _lua(value: bool) -> str:
+    return "true" if value else "false"
+
+
 def _rule(i: int, spec: RuleSpec, peek: str) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
+    modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
     if algorithm in BUCKET_ALGORITHMS:
         _, most_ahead = _most_and_longest(spec)
         read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=most_ahead).rstrip("\n")
         queue = 1 if algorithm == "leaky_bucket" else 0
-        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2, queue=queue, read_state=read)
+        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2, queue=queue, read_state=read,
+                                              **modes)
     if algorithm == "quota" and p2 == 0:
-        return FRAGMENTS["quota"].substitute(i=i, limit=p1)
+        return FRAGMENTS["quota"].substitute(i=i, limit=p1, **modes)
     if algorithm in ("fixed_window", "quota"):
-        return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
+        return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek, **modes)
     if algorithm == "sliding_window":
         split = modulus = 1
         exact = "true"
@@ -145,9 +158,9 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
-            exact=exact)
+            exact=exact, **modes)
     assert algorithm == "sliding_log", algorithm
-    return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
+    return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2, **modes)
 
 
 def _repair(i: int, spec: RuleSpec) -> str:

@@ -14,13 +14,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
-from gateway.proxy import ClientDisconnected, ClientTooSlow, RequestBody
+from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
@@ -49,7 +50,8 @@ class ProxyEndpoint:
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
             else:
                 request_id = request_id_for(result.request.request_id)
-                status = await _forward(result, receive, send, request_id, self.limits.body_timeout, scope)
+                status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime,
+                                        scope)
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
         finally:
             runtime.leave()
@@ -77,13 +79,32 @@ async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
 
 
 async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
-                   scope: Scope) -> int:
+                   runtime: Runtime, scope: Scope) -> int:
     switched = None
     if admit.request.upgrade:
         accept = upgrade_acceptor(scope)
         if accept is None:  # a server that cannot hand the connection over (uvicorn's own protocol)
             return await _reply(send, problem(501, "this server cannot switch protocols"), request_id)
         switched = switcher(accept, admit.plan.route.websocket_idle_timeout)
+    settlement, settler = admit.settlement, runtime.settler
+    if settlement is None or settler is None:
+        return await _forward_as_is(admit, receive, send, request_id, body_timeout, None, switched)
+    withheld = admit.plan.withheld
+
+    def on_head(status: int, fields: httpx.Headers) -> frozenset[bytes]:
+        settler.settle(settlement, status, fields)  # charged or refunded as the answer's head arrives
+        return withheld
+
+    status = 499
+    try:
+        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
+    finally:  # no head came: the gateway's own answer (502, 504, 408), or the client left (499)
+        settler.settle(settlement, status, None)
+    return status
+
+
+async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                         on_head: HeadHook | None, switched: Switched | None = None) -> int:
     if admit.delay_ms > 0:
         await asyncio.sleep(admit.delay_ms / 1000)
     client = admit.plan.client
@@ -95,7 +116,7 @@ async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes
     name = client.upstream.name
     started = time.perf_counter()
     try:
-        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, switched)
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched)
     except UpstreamTimeout as exc:
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)

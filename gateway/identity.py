@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 import jwt as pyjwt
 
-from gateway.config import Config, JwtSettings, Rule, Source
+from gateway.config import Config, JwtSettings, Route, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
 from gateway.http.request import Request
 
@@ -226,6 +226,27 @@ class RequestView:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             return None
         return str(value).encode()
+
+    def meets(self, route: Route) -> bool:
+        """Whether this request is one `route.when` asks for: every header, claim and address it names.
+        A header it names that came twice is a 400, as for an identity."""
+        when = route.when
+        for name, values in when.headers:
+            value = self.header(name)
+            if value is None or (values is not None and value not in values):
+                return False
+        for claim, wanted in when.jwt:
+            value = self.claim(claim)
+            if value is None or value.decode() not in wanted:
+                return False
+        if when.client:
+            try:
+                address = ipaddress.ip_address(self.ip)
+            except ValueError:
+                return False
+            if not any(address in network for network in when.client):
+                return False
+        return True
 
     def read(self, source: Source) -> bytes | None:
         kind = source.kind

@@ -78,6 +78,8 @@ class Lifecycle:
         runtime = self.runtime
         if runtime is None:
             return
+        if runtime.settler is not None:
+            await runtime.settler.drain()  # charges and refunds of the last answers
         for client in runtime.clients.values():
             await client.close()
         await runtime.limiter.close()
@@ -141,4 +143,6 @@ class Lifecycle:
             if new.clients.get(name) is not client:
                 await client.close()
         if new.limiter is not old.limiter:
+            if old.settler is not None:
+                await old.settler.drain()
             await old.limiter.close()

@@ -39,6 +39,18 @@ RULE_DECISIONS = Counter(
     "decided_by redis or memory), shadow_refused (a shadow rule would have refused).",
     ["route", "rule", "outcome", "decided_by"],
 )
+SETTLEMENTS = Counter(
+    "gateway_settlements_total",
+    "Units charged (count_on, cost: response_header) or given back (refund_on) after the answer, "
+    "by route, rule and kind (charge, refund): calls Redis took.",
+    ["route", "rule", "kind"],
+)
+SETTLE_FAILURES = Counter(
+    "gateway_settle_failures_total",
+    "Charges and refunds after the answer that Redis could not take (unavailable): lost, by route, "
+    "rule and kind.",
+    ["route", "rule", "kind"],
+)
 RULE_LIMIT = Gauge(
     "gateway_rule_limit",
     "Each rule's configured quota: its limit, or its burst for token_bucket, gcra and leaky_bucket "
@@ -190,6 +202,8 @@ def flush() -> None:
 requests = _local(REQUESTS, _LocalCounter, 4096)
 rule_decisions = _local(RULE_DECISIONS, _LocalCounter, 4096)
 responses = _local(RESPONSES, _LocalCounter, 4096)
+settlements = _local(SETTLEMENTS, _LocalCounter, 4096)
+settle_failures = _local(SETTLE_FAILURES, _LocalCounter, 4096)
 redis_latency = _local(REDIS_LATENCY, _LocalHistogram, 8)
 upstream_latency = _local(UPSTREAM_LATENCY, _LocalHistogram, 1024)
 upstream_errors = _local(UPSTREAM_ERRORS, _LocalCounter, 1024)

@@ -45,6 +45,7 @@ from gateway.pipeline import Answer, Limits, RequestOutcome, decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
+from gateway.settlement import Settlement, Settler
 
 log = logging.getLogger("gateway")
 
@@ -93,7 +94,19 @@ class RateLimitMiddleware:
             receive = _replay(result.body_prefix, result.more_body, receive)
         if result.headers:
             send = _with_headers(send, result.headers)
-        await self.app(_as_decided(scope, result.request), receive, send)
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
+            return
+        status = 499  # the app answered nothing: the client left
+        try:
+            await self.app(_as_decided(scope, result.request), receive,
+                           _settling(send, settler, settlement, result.plan.withheld))
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            settler.settle(settlement, status, None)  # once: a no-op when the answer's head settled it
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One WebSocket scope, decided at its handshake (before the app can accept it)."""
@@ -112,7 +125,21 @@ class RateLimitMiddleware:
             await asyncio.sleep(result.delay_ms / 1000)
         if result.headers:
             send = _with_headers(send, result.headers, "websocket.accept")
-        await self.app(_as_decided(scope, result.request), receive, send)
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
+            return
+        accepted = False
+
+        async def sending(message: Message) -> None:
+            nonlocal accepted
+            accepted = accepted or message["type"] == "websocket.accept"
+            await send(message)
+
+        try:  # counted by the answer: a 101 when the app accepted, else the 403 servers answer for it
+            await self.app(_as_decided(scope, result.request), receive, sending)
+        finally:
+            settler.settle(settlement, 101 if accepted else 403, None)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def starting(message: Message) -> None:
@@ -238,6 +265,22 @@ async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, answer: 
         reason = reason[:-1]
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: frozenset[bytes]) -> Send:
+    """Charges and refunds as the app's answer starts (counting by the answer), the fields that
+    declare a cost withheld from the client."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            fields = [(name.lower(), value) for name, value in message.get("headers", ())]
+            declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
+            settler.settle(settlement, message["status"], declared)
+            if declared:
+                kept = [field for field in message.get("headers", ()) if field[0].lower() not in withheld]
+                message = {**message, "headers": kept}
+        await send(message)
+
+    return sending
 
 
 def _with_headers(send: Send, headers: list[tuple[bytes, bytes]], start: str = "http.response.start") -> Send:

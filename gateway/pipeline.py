@@ -35,8 +35,10 @@ from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import RoutePlan, Runtime
+from gateway.settlement import Settlement
 
 MAX_COST_HEADER = 1_000_000_000
+SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
 
 
 class RequestOutcome(StrEnum):
@@ -96,6 +98,7 @@ class Admit:
     body_prefix: bytes | None        # body already read for a `body` identity, to be sent first
     more_body: bool                  # more of the body is still to come from the client
     decided_by: DecidedBy = DecidedBy.NONE
+    settlement: Settlement | None = None  # what the answer may still charge or give back
 
     @property
     def route(self) -> str:
@@ -137,7 +140,7 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
-    rules, keys, costs, args = identified
+    rules, keys, costs, args, shard = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
     try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
@@ -157,8 +160,11 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     if not decision.admitted:
         return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
+    settlement = None
+    if plan.settles:
+        settlement = Settlement(plan, shard, keys, costs, decision, runtime.redis.timeout + SETTLE_MARGIN)
     return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
-                 DecidedBy.REDIS)
+                 DecidedBy.REDIS, settlement)
 
 
 def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
@@ -186,7 +192,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _ = identify(plan, view)
+        rules, keys, costs, _, _ = identify(plan, view)
     except (IdentityMissing, BadRequest):
         return None
     decision = _held_decision(runtime, plan, rules, keys, costs)
@@ -205,7 +211,9 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         request = read_request(scope, limits.max_head_bytes)
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
-    found = runtime.router.match(request.method, request.hostname, request.path)
+    view = RequestView(request, {}, runtime.config, runtime.jwt)
+    router = runtime.router
+    found = router.match(request.method, request.hostname, request.path, view.meets if router.conditional else None)
     if found is None:
         allowed = runtime.router.allowed_methods(request.hostname, request.path)
         if allowed:  # a route owns this path under other methods: a catch-all may not take it
@@ -216,13 +224,12 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
             return _answer((status, headers, body), RequestOutcome.METHOD_NOT_ALLOWED, request)
         return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
                        RequestOutcome.NO_ROUTE, request)
-    route, params = found
+    route, view.params = found
     if request.upgrade and not route.websocket:
         detail = f"route '{route.name}' does not take WebSocket (websocket: true)"
         return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name, close=True)
-    plan = runtime.plans[route.name]
-    return Matched(request, plan, RequestView(request, params, runtime.config, runtime.jwt))
+    return Matched(request, runtime.plans[route.name], view)
 
 
 def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, request: Request | None,
@@ -248,6 +255,7 @@ class Identified(NamedTuple):
     keys: list[str]               # one per rule of the route ...
     costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
     args: tuple[RuleSpec, ...]    # the specs of the request's shard
+    shard: int
 
 
 def identify(plan: RoutePlan, view: RequestView) -> Identified:
@@ -255,7 +263,7 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []
-    args, prefix_keys = plan.args, plan.prefix_keys
+    args, prefix_keys, shard = plan.args, plan.prefix_keys, 0
     for i, rule in enumerate(plan.rules):
         parts = rule_identity(rule, view)
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
@@ -268,7 +276,7 @@ def identify(plan: RoutePlan, view: RequestView) -> Identified:
         rules.append(rule)
         keys.append(rule_key(prefix_keys[i], parts))
         costs.append(_cost(rule, view))
-    return Identified(rules, keys, costs, args)
+    return Identified(rules, keys, costs, args, shard)
 
 
 def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: list[str],

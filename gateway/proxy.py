@@ -52,6 +52,10 @@ class ClientTooSlow(ClientDisconnected):
     """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
 
 
+# the answer's status and fields as they arrive -> the (lowercase) names of fields withheld from the client
+HeadHook = Callable[[int, httpx.Headers], frozenset[bytes]]
+
+
 class Forwarded(NamedTuple):
     status: int
     aborted: bool  # the response broke off after it had started: the client connection is ended
@@ -95,9 +99,11 @@ class UpstreamClient:
         send: Send,
         extra_response_headers: Headers,
         request_id: bytes,
+        on_head: HeadHook | None = None,
         switched: Switched | None = None,
     ) -> Forwarded:
-        """Forward and stream the response to `send`.
+        """Forward and stream the response to `send`. `on_head`, when given, sees the answer's status
+        and fields as they arrive and returns the names of fields not to pass on to the client.
 
         Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
         ClientDisconnected (ClientTooSlow) when the client's body stopped first.
@@ -121,20 +127,28 @@ class UpstreamClient:
             raise UpstreamUnavailable(
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
+        if status == 101 and (not request.upgrade or switched is None):
+            await response.aclose()
+            raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols unasked")
+        stream = response.stream
+        headers = _response_headers(response, extra_response_headers)
+        if on_head is not None:
+            withheld = on_head(status, response.headers)
+            if withheld:
+                headers = [field for field in headers if field[0] not in withheld]
         if status == 101:
+            assert switched is not None
             upgraded = response.extensions.get("network_stream")
             try:
-                if not request.upgrade or switched is None or upgraded is None:
-                    raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols unasked")
-                await switched(_response_headers(response, extra_response_headers), upgraded)
+                if upgraded is None:
+                    raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols without a stream")
+                await switched(headers, upgraded)
             finally:
                 if upgraded is not None:
                     await upgraded.aclose()
                 await response.aclose()
             return Forwarded(status, aborted=False)
-        stream = response.stream
-        start = {"type": "http.response.start", "status": status,
-                 "headers": _response_headers(response, extra_response_headers)}
+        start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
             await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})

@@ -3,6 +3,10 @@
 The supervisor owns the sockets, the embedded redis-server and the metrics directory. It forwards
 SIGHUP (and changes of the config file) to the workers, which each validate and swap the config;
 on SIGTERM it lets the workers drain, stops Redis and exits 0.
+
+Nothing outlives it: if it dies without that (SIGKILL, the OOM killer, a crash), the kernel signals
+the embedded redis-server (SIGTERM) and every worker (SIGUSR1: stop accepting at once, cut whatever
+is still in flight after ORPHAN_GRACE seconds), so the ports are free for the next start.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import uvicorn
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
+from gateway.parent_death import die_with_parent
 from gateway.settings import Settings, needs_embedded_redis
 
 if TYPE_CHECKING:
@@ -38,6 +43,9 @@ if TYPE_CHECKING:
 WorkerMain = Callable[[Settings, list[socket.socket], Config], None]
 
 log = logging.getLogger("gateway")
+
+# A worker whose supervisor died stops accepting at once and is ended this long after, in flight or not.
+ORPHAN_GRACE = 1.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -86,7 +94,7 @@ class Supervisor:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             return 1
         if needs_embedded_redis(settings, self.config):
-            self.redis = EmbeddedRedis(data_dir=settings.data_dir)
+            self.redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=True)
             try:
                 self.redis.start()
             except (OSError, RuntimeError) as exc:
@@ -215,6 +223,23 @@ def configure_logging(level: str) -> None:
     access.setLevel(logging.INFO)
 
 
+def stop_with_supervisor() -> None:
+    """In every worker before it serves: when the supervisor dies, by any signal, the kernel sends
+    SIGUSR1 (a supervisor gone already is caught by the pid check: the worker exits)."""
+    supervisor = multiprocessing.parent_process()
+    pid = supervisor.pid if supervisor is not None else None
+    assert pid is not None, "a worker is started by the supervisor"
+    signal.signal(signal.SIGUSR1, _supervisor_gone)
+    die_with_parent(signal.SIGUSR1, pid)
+
+
+def _supervisor_gone(signum: int, frame: FrameType | None) -> None:
+    log.error("the supervisor is gone: stopping (in-flight requests are cut after %.1fs)", ORPHAN_GRACE)
+    # SIGALRM's default action ends the process if the drain outlasts the grace
+    signal.setitimer(signal.ITIMER_REAL, ORPHAN_GRACE)
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's shutdown: the listening sockets close first
+
+
 def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
     """One worker: the gateway's application on its own HTTP protocol and upstream transport."""
     from gateway.app import compose
@@ -246,7 +271,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 def run_worker(settings: Settings, sockets: list[socket.socket], composed: Composed,
                server_config: uvicorn.Config) -> None:
-    """Serve `composed` on the inherited sockets until SIGTERM; SIGHUP reloads its config."""
+    """Serve `composed` on the inherited sockets until SIGTERM; SIGHUP reloads its config; stop at
+    once if the supervisor dies."""
+    stop_with_supervisor()
     lifecycle = composed.lifecycle
 
     class Server(uvicorn.Server):

@@ -10,7 +10,11 @@
 --   KEYS[i]   state key of rule i (all keys share one hash tag)
 --   ARGV[i]   cost of rule i, or '' when the request has no identity for it (on_missing: skip):
 --             that rule is neither read nor written nor reported, so one script serves a route
---             whatever identities its requests carry
+--             whatever identities its requests carry. Negative: units given back (a refund).
+--   @charge   false: the rule is checked (it refuses while its budget is spent) but an admission
+--             writes nothing; it is charged after the answer (count_on, cost: response_header)
+--   @force    true: the settling script run after the answer: every rule takes its cost, charge or
+--             refund, whatever its room (a charge after the answer cannot be refused any more)
 -- Returns {head, then per rule one integer (two when the numbers do not fit in one)}:
 --   head     admitted: delay_ms * 2 + 1; refused: ((retry_ms + 1) * 256 + refusing rule) * 2,
 --            retry_ms = -1 when the request can never be admitted as it is
@@ -66,15 +70,16 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ahead = tat - now
   local room = @span - ahead
   local remaining, reset = (room - room % @step) / @step + @queue, ahead
-  if cost - @queue <= @burst then
+  if cost - @queue <= @burst or @force then
     local need = ahead + (cost - @queue) * @step - @span
-    if need <= 0 then
+    if need <= 0 or @force then
       ok, wait = true, ahead * @queue
       ahead = ahead + cost * @step
+      if ahead < 0 then ahead = 0 end   -- a refund never fills the bucket past full
       room = @span - ahead
       remaining = (room - room % @step) / @step + @queue
       reset = ahead
-      if cost > 0 then a@i = now + ahead end
+      if cost ~= 0 and @charge then a@i = now + ahead end
     else
       retry = need
     end
@@ -125,11 +130,11 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local reset = stop - now
   local last_ms = (stop + (-stop) % 1000) / 1000 - 1  -- the window's last millisecond: gone at `stop`
   local remaining = @limit - count
-  if cost <= @limit then
-    if count + cost <= @limit then
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
       ok = true
       remaining = @limit - count - cost
-      if cost > 0 then a@i, b@i = fmt('%d', count + cost), last_ms end
+      if cost ~= 0 and @charge then a@i, b@i = fmt('%d', count + cost > 0 and count + cost or 0), last_ms end
     else
       retry = reset
       if count > 0 and not @peek then
@@ -158,16 +163,19 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     count, add = ceil(count), false
   end
   local remaining = @limit - count
-  if cost <= @limit and count + cost <= @limit then
+  if (cost <= @limit and count + cost <= @limit) or @force then
     ok = true
     remaining = @limit - count - cost
-    if cost > 0 then a@i, b@i = count + cost, add end
+    if cost ~= 0 and @charge then
+      if count + cost < 0 then cost, add = -count, false end   -- a refund never goes below nothing
+      a@i, b@i = count + cost, add
+    end
   end
 
 --@@ quota_write
   if a@i then
     -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
-    if not b@i or type(try('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
+    if not b@i or type(try('INCRBY', KEYS[@i], fmt('%d', a@i - (tonumber(values[@i]) or 0)))) == 'table' then
       call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
@@ -247,12 +255,13 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local avail = room + cost * @window
   local remaining = (avail - avail % @window) / @window
   local reset = @window - elapsed
-  if cost <= @limit then
-    if room >= 0 then
+  if cost <= @limit or @force then
+    if room >= 0 or @force then
       ok = true
       remaining = remaining - cost
-      if cost > 0 then
+      if cost ~= 0 and @charge then
         local c = cur + cost
+        if c < 0 then c = 0 end
         a@i, b@i = @pack_state
       end
     else
@@ -309,12 +318,12 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     reset = oldest + @window - now
   end
   local remaining = @limit - count
-  if cost <= @limit then
-    if count + cost <= @limit then
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
       ok = true
       remaining = @limit - count - cost
       -- a string under this key is another algorithm's state: replaced by a fresh log
-      if cost > 0 then a@i, b@i = count, v and 'DEL' or (exists and 'TRIM' or '') end
+      if cost > 0 and @charge then a@i, b@i = count, v and 'DEL' or (exists and 'TRIM' or '') end
     else
       local kth = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT',
                                 fmt('%d', count + cost - @limit - 1), '1')[2])

@@ -348,6 +348,8 @@ BEYOND_A_SCHEMA = {
     "hop_by_hop_identity": "a case-insensitive list of header names (unreadable as a pattern)",
     "impossible_cost": "compares cost with the rule's capacity",
     "jwt_without_key": "a source that depends on another section",
+    "match_hop_by_hop_header": "a case-insensitive list of header names (unreadable as a pattern)",
+    "match_jwt_without_key": "a condition that depends on another section",
     "missing_path_param": "a source that depends on the route's path",
     "missing_upstream": "a reference to another section",
     "shards_cost_exceeds_share": "arithmetic over the rules",
@@ -386,7 +388,7 @@ def test_environment_references_are_accepted_where_the_loader_substitutes() -> N
 
 GOOD: dict[str, list[Any]] = {
     "limit": [1, 5, 100_000, 100_001, 1_000_000_000],
-    "window": ["1s", "50ms", "1.5m", "2h", "1d", " 10 s ", "0.5ms"],
+    "window": ["1s", "50ms", "1.5m", "15min", "2h", "1d", " 10 s ", "0.5ms"],
     "period": ["1d", "30m"],
     "rate": ["5/s", "100/min", "1000/h", "10000/d", "2/sec", "1/minute", "0.5/s", "3 / hour"],
     "burst": [1, 10, 1_000_000_000],

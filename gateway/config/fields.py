@@ -17,6 +17,7 @@ from typing import Any
 from gateway.config.kinds import (
     Boolean,
     Choice,
+    Conditions,
     Cost,
     Duration,
     Integer,
@@ -28,6 +29,7 @@ from gateway.config.kinds import (
     Rate,
     Section,
     Source,
+    Status,
     Template,
     Text,
 )
@@ -78,11 +80,6 @@ class Algorithm(StrEnum):
     GCRA = "gcra"
     LEAKY_BUCKET = "leaky_bucket"
     QUOTA = "quota"
-
-    @property
-    def is_bucket(self) -> bool:
-        """Sized by `burst` and refilled at `rate` (the others count up to `limit`)."""
-        return self in BUCKET_ALGORITHMS
 
 
 WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)
@@ -239,6 +236,12 @@ FIELDS: tuple[Field, ...] = (
     _f(MATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
        "Methods the route owns (any other is a 405); absent: every method.", default=None),
     _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),
+    _f(MATCH, "headers", Conditions(presence=True), "Headers the request must carry: NAME: VALUE, NAME: [VALUES] "
+       "or NAME: true (present). Not met: the next route is tried.", default=None),
+    _f(MATCH, "jwt", Conditions(), "Claims of a verified bearer token: CLAIM: VALUE or [VALUES] (needs the jwt: "
+       "section). No token, or one that does not verify, meets none.", default=None),
+    _f(MATCH, "client", ListOf(Network()), "Client addresses (CIDRs), as the ip identity reads them (after "
+       "trusted_proxies). Not met: the next route is tried.", default=None),
 
     _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
     _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",
@@ -253,8 +256,13 @@ FIELDS: tuple[Field, ...] = (
        "(leaky_bucket).", default=0, needed_by=_BUCKETS),
     _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
        "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
-    _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, or header:NAME (the client "
-       "declares it).", default=1),
+    _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
+       "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
+       "header is removed before the client sees it).", default=1),
+    _f(RULE, "count_on", ListOf(Status()), "Charge only answers with these statuses or classes ([401, 403], "
+       "[5xx]), when the answer comes; the rule refuses once its budget is spent.", default=()),
+    _f(RULE, "refund_on", ListOf(Status()), "Give back the units charged at admission when the answer has one "
+       "of these statuses or classes (the gateway's own 502 and 504 included).", default=()),
     _f(RULE, "status", Integer(400, 599), "Status of a refusal.", default=429),
     _f(RULE, "shadow", Boolean(), "Evaluate and count, never refuse.", default=False),
     _f(RULE, "on_missing", Choice(ON_MISSING), "Identity absent: reject (400), skip the rule, or fall back "

@@ -240,6 +240,12 @@ class Network(Scalar):
         return {"anyOf": [{"type": "string", "pattern": v4}, {"type": "string", "pattern": v6}, ENV]}
 
 
+def is_typed(kind: Kind) -> bool:
+    """Whether the table alone types a key of this kind (a scalar, or a list of scalars); the loader
+    walks the others (sections, identity sources, costs) itself."""
+    return isinstance(kind, Scalar) or (isinstance(kind, ListOf) and isinstance(kind.item, Scalar))
+
+
 @dataclass(frozen=True)
 class ListOf(Kind):
     item: Kind
@@ -285,6 +291,26 @@ class Named(Kind):
                 "additionalProperties": {"$ref": f"#/$defs/{self.place}"}}
 
 
+@dataclass(frozen=True)
+class Conditions(Kind):
+    """A mapping of names (of headers or JWT claims) to a value, a list of values, or (where
+    `presence`) true: the name is present with any value. Read by the loader."""
+
+    presence: bool = False
+
+    def describe(self) -> str:
+        return "mapping of name to value, [values]" + (" or true" if self.presence else "")
+
+    def schema(self) -> Schema:
+        value: Schema = {"anyOf": [{"type": ["string", "number"]}, ENV]}
+        choices: list[Schema] = [value, {"type": "array", "items": value, "minItems": 1}]
+        if self.presence:
+            choices.append({"const": True})
+        return {"type": "object", "minProperties": 1,
+                "propertyNames": {"type": "string", "pattern": r"^[A-Za-z0-9_.:-]{1,128}$"},
+                "additionalProperties": {"anyOf": choices}}
+
+
 SOURCE_KINDS = ("ip", "method", "body", "header", "query", "path", "cookie", "jwt")
 NAMELESS_SOURCES = ("ip", "method", "body")
 
@@ -308,19 +334,43 @@ class Source(Kind):
 
 @dataclass(frozen=True)
 class Cost(Kind):
-    """A number of units, or header:NAME (the client declares it)."""
+    """A number of units, header:NAME (the client declares it) or response_header:NAME (the
+    upstream declares it in its answer)."""
 
     high: int
 
     def describe(self) -> str:
-        return "integer, or header:NAME"
+        return "integer, header:NAME or response_header:NAME"
 
     def schema(self) -> Schema:
         return {"anyOf": [
             {"type": "integer", "minimum": 1, "maximum": self.high},
-            {"type": "string", "pattern": r"^header:\s*[A-Za-z0-9-]{1,64}\s*$"},
+            {"type": "string", "pattern": r"^(response_)?header:\s*[A-Za-z0-9-]{1,64}\s*$"},
             ENV,
         ]}
+
+
+@dataclass(frozen=True)
+class Status(Scalar):
+    """An HTTP status (401) or a class of them (5xx): the statuses it covers."""
+
+    noun = "a status (401) or a class (4xx)"
+
+    def describe(self) -> str:
+        return "status or class (4xx)"
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        text = text.strip().lower()
+        if re.fullmatch(r"[1-5]xx", text):
+            first = int(text[0]) * 100
+            return tuple(range(first, first + 100))
+        if re.fullmatch(r"[1-5][0-9][0-9]", text):
+            return (int(text),)
+        raise ValueError(f"{text!r} is neither a status from 100 to 599 nor a class such as 5xx")
+
+    def schema(self) -> Schema:
+        return or_env({"anyOf": [{"type": "integer", "minimum": 100, "maximum": 599},
+                                 {"type": "string", "pattern": r"^\s*([1-5][0-9][0-9]|[1-5][xX][xX])\s*$"}]})
 
 
 def definitions() -> Schema:

@@ -27,12 +27,25 @@ from gateway.config.fields import (
     SLIDING_LOG_MAX,
     Algorithm,
     Place,
+    default,
     fields,
     keys,
     parameters,
 )
-from gateway.config.kinds import ENV_REF, NAMELESS_SOURCES, SOURCE_KINDS, ListOf, Name, Scalar, path_params
+from gateway.config.kinds import (
+    ENV_REF,
+    NAMELESS_SOURCES,
+    SOURCE_KINDS,
+    TRUE,
+    Kind,
+    ListOf,
+    Name,
+    Scalar,
+    is_typed,
+    path_params,
+)
 from gateway.config.model import (
+    Conditions,
     Config,
     JwtSettings,
     RedisSettings,
@@ -121,15 +134,17 @@ class _Reader:
                 found.missing.add(f.key)
         return not found.missing
 
-    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None) -> dict[str, Any]:
-        """The typed values of `place`'s scalar keys present in `found` (or of those in `only`), by the
-        model's attribute names. A value that cannot be typed is a problem, and its key is in found.bad."""
-        wanted = None if only is None else set(only)
+    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None,
+             skip: Iterable[str] = ()) -> dict[str, Any]:
+        """The typed values of `place`'s scalar keys present in `found` (those in `only`, but not in
+        `skip`), by the model's attribute names. A value that cannot be typed is a problem, and its key
+        is in found.bad."""
+        wanted, unwanted = None if only is None else set(only), set(skip)
         out: dict[str, Any] = {}
         for f in fields(place):
-            if f.key not in found or (wanted is not None and f.key not in wanted):
+            if f.key not in found or f.key in unwanted or (wanted is not None and f.key not in wanted):
                 continue
-            if not isinstance(f.kind, Scalar | ListOf) or not isinstance(getattr(f.kind, "item", f.kind), Scalar):
+            if not is_typed(f.kind):
                 continue
             value = self.value(found.nodes[f.key], _join(key, f.key), f.kind)
             if value is None:
@@ -138,15 +153,17 @@ class _Reader:
                 out[f.name] = value
         return out
 
-    def value(self, node: yaml.Node, key: str, kind: Scalar | ListOf) -> Any:
+    def value(self, node: yaml.Node, key: str, kind: Kind) -> Any:
+        """The value at `node` typed by `kind` (see kinds.is_typed), or None after a problem."""
         if isinstance(kind, Scalar):
             return self.typed(node, key, kind.noun, kind.parse)
+        assert isinstance(kind, ListOf), kind
         assert isinstance(kind.item, Scalar), kind
         items = self.sequence(node, key)
         if items is None:
             return None
         values = (self.typed(item, f"{key}[{j}]", kind.item.noun, kind.item.parse) for j, item in enumerate(items))
-        return [v for v in values if v is not None]
+        return tuple(v for v in values if v is not None)
 
     def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node] | None:
         if not isinstance(node, yaml.SequenceNode):
@@ -257,14 +274,14 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         return None
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
-    settings["trusted_proxies"] = tuple(settings.get("trusted_proxies", ()))
+    settings.setdefault("trusted_proxies", default(Place.TOP, "trusted_proxies"))  # a Config field without default
     redis = _redis(top, r)
     defaults = {f.key: f.default for f in fields(Place.DEFAULTS)}
     if "defaults" in top:
         found = r.section(top.nodes["defaults"], "defaults", Place.DEFAULTS)
         defaults.update(r.read(found, "defaults", Place.DEFAULTS) if found else {})
     jwt = _jwt(top.nodes["jwt"], r) if "jwt" in top else JwtSettings()
-    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):
+    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):  # their keys are Config's own (Field.attr)
         if place.value in top:
             found = r.section(top.nodes[place.value], place.value, place)
             settings.update(r.read(found, place.value, place) if found else {})
@@ -287,7 +304,7 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
     if found is None:
         return JwtSettings()
     values = r.read(found, "jwt", Place.JWT)
-    algorithms: list[str] = values.pop("algorithms", [])
+    algorithms: tuple[str, ...] = values.pop("algorithms", ())
     file = values.pop("public_key_file", None)
     if file:
         try:
@@ -296,12 +313,12 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
             r.problem(found.nodes["public_key_file"], "jwt.public_key_file", f"cannot read: {exc.strerror}")
     secret, public_key = values.get("secret"), values.get("public_key")
     if not algorithms:
-        algorithms = ["HS256"] if secret else ["RS256"]
+        algorithms = ("HS256",) if secret else ("RS256",)
     if any(a.startswith("HS") for a in algorithms) and not secret:
         r.problem(node, "jwt.secret", "is required for HS* algorithms")
     if any(not a.startswith("HS") for a in algorithms) and not public_key:
         r.problem(node, "jwt.public_key", "is required for RS*/ES* algorithms")
-    values.update(algorithms=tuple(algorithms), secret=secret or None, public_key=public_key or None)
+    values.update(algorithms=algorithms, secret=secret or None, public_key=public_key or None)
     if "header" in values:
         values["header"] = (values["header"] or "authorization").lower()
     return JwtSettings(**values)
@@ -376,9 +393,8 @@ def _route(
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
-    values = {**defaults, **r.read(found, key, Place.ROUTE, only=["upstream", "failure_mode", "headers", "shards",
-                                                                  "websocket", "websocket_idle_timeout"])}
-    path, methods, host = _match(found.nodes["match"], f"{key}.match", r)
+    values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
+    path, methods, host, when = _match(found.nodes["match"], f"{key}.match", r, jwt)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
     if upstream is None and upstream_name is not None:
@@ -392,16 +408,65 @@ def _route(
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
     if name is None or (upstream is None and r.proxy):
         return None
-    return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules), **values)
+    return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
+                 when=when, **values)
 
 
-def _match(node: yaml.Node, key: str, r: _Reader) -> tuple[str, frozenset[str] | None, str | None]:
+def _match(node: yaml.Node, key: str, r: _Reader,
+           jwt: JwtSettings) -> tuple[str, frozenset[str] | None, str | None, Conditions]:
     found = r.section(node, key, Place.MATCH)
     if found is None:
-        return "/", None, None
+        return "/", None, None, Conditions()
     values = r.read(found, key, Place.MATCH)
     methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
-    return values.get("path") or "/", methods, values.get("host", "").lower() or None
+    headers: list[tuple[bytes, frozenset[bytes] | None]] = []
+    for name, wanted, name_node in _conditions(found, "headers", key, r, presence=True):
+        name = name.lower()
+        if name in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9_-]{1,64}$", name):
+            r.problem(name_node, f"{key}.headers.{name}", UNREADABLE_HEADERS.get(name, f"{name!r} is no header name"))
+            continue
+        headers.append((name.encode(), None if wanted is None else frozenset(v.encode() for v in wanted)))
+    claims = [(name, frozenset(wanted or ())) for name, wanted, _ in _conditions(found, "jwt", key, r)]
+    if claims and not jwt.algorithms:
+        r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
+                                                    "with a key to verify tokens")
+    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())))
+    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when
+
+
+def _conditions(found: Found, place: str, key: str, r: _Reader,
+                presence: bool = False) -> list[tuple[str, tuple[str, ...] | None, yaml.Node]]:
+    """`match.headers` or `match.jwt`: (name, the values it may have or None for any, its node)."""
+    if place not in found:
+        return []
+    node = found.nodes[place]
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        r.problem(node, f"{key}.{place}", "must be a mapping of name to value, [values]" +
+                  (" or true" if presence else ""))
+        return []
+    out: list[tuple[str, tuple[str, ...] | None, yaml.Node]] = []
+    for name_node, value_node in node.value:
+        name = r.text(name_node, f"{key}.{place}")
+        if not name:
+            continue
+        where = f"{key}.{place}.{name}"
+        if isinstance(value_node, yaml.SequenceNode):
+            items = [r.text(item, where) for item in value_node.value]
+            if not items or any(item is None for item in items):
+                r.problem(value_node, where, "must list at least one value")
+                continue
+            out.append((name, tuple(item.strip() for item in items if item is not None), name_node))
+            continue
+        text = r.text(value_node, where)
+        if text is None:
+            continue
+        if presence and value_node.tag == "tag:yaml.org,2002:bool" and text.lower() in TRUE:
+            out.append((name, None, name_node))
+        elif value_node.tag == "tag:yaml.org,2002:bool":
+            r.problem(value_node, where, "must be a value or [values]" + (" (true: present)" if presence else ""))
+        else:
+            out.append((name, (text.strip(),), name_node))
+    return out
 
 
 def _rules(
@@ -491,7 +556,11 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     for pkey in needed:
         if pkey not in found:
             r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
-    values = r.read(found, key, Place.RULE, only=[*takes, "status", "shadow", "on_missing"])
+    foreign = [f.key for f in fields(Place.RULE) if f.is_parameter and f.key not in takes]
+    values = r.read(found, key, Place.RULE, skip=["name", "algorithm", *foreign])
+    for statuses in ("count_on", "refund_on"):
+        if statuses in values:
+            values[statuses] = frozenset(status for covered in values[statuses] for status in covered)
     if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
         message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
         r.problem(found.nodes["limit"], f"{key}.limit", message)
@@ -515,7 +584,29 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     if rule.cost > rule.capacity:
         message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
         r.problem(found.nodes.get("cost"), f"{key}.cost", message)
+    _check_settling(rule, found, key, r)
     return rule
+
+
+def _check_settling(rule: Rule, found: Found, key: str, r: _Reader) -> None:
+    """What counting by the answer cannot do (docs/algorithms.md, "Counting by the answer")."""
+    after = "count_on" if rule.count_on else "cost" if rule.cost_response_header else None
+    if after and rule.algorithm == Algorithm.LEAKY_BUCKET:
+        r.problem(found.nodes[after], f"{key}.{after}", "a leaky_bucket places a request in its queue at "
+                  "admission; it cannot be charged after the answer")
+    if rule.count_on and rule.cost_header:
+        r.problem(found.nodes["count_on"], f"{key}.count_on", "a cost the client declares (header:NAME) is "
+                  "charged at admission; count_on charges after the answer (use a number or response_header:NAME)")
+    if not rule.refund_on:
+        return
+    node = found.nodes["refund_on"]
+    if after:
+        r.problem(node, f"{key}.refund_on", "nothing is charged at admission to give back: the rule is charged "
+                  f"after the answer ({after})")
+    elif rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.SLIDING_LOG):
+        why = ("has already delayed the request" if rule.algorithm == Algorithm.LEAKY_BUCKET
+               else "logs each admission at its moment; giving another's back would admit too many")
+        r.problem(node, f"{key}.refund_on", f"a {rule.algorithm} cannot give units back: it {why}")
 
 
 def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
@@ -523,6 +614,11 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
     text = r.text(node, key)
     if text is None:
         return {}
+    if text.startswith("response_header:"):
+        header = text[len("response_header:"):].strip().lower()
+        if header in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9-]{1,64}$", header):
+            r.problem(node, key, f"{text!r} names no header an upstream's answer may carry")
+        return {"cost_response_header": header}
     if text.startswith("header:"):
         header = text[len("header:"):].strip().lower()
         if header in UNREADABLE_HEADERS:
@@ -535,7 +631,7 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
         if not 1 <= cost <= MAX_COST:
             raise ValueError
     except ValueError:
-        r.problem(node, key, f"{text!r} must be a whole number >= 1 or header:NAME")
+        r.problem(node, key, f"{text!r} must be a whole number >= 1, header:NAME or response_header:NAME")
         return {}
     return {"cost": cost}
 

@@ -60,13 +60,26 @@ class Rule:
     rate: float = default(P.RULE, "rate")          # per second; buckets
     burst: int = default(P.RULE, "burst")          # buckets
     cost: int = default(P.RULE, "cost")
-    cost_header: str | None = None
+    cost_header: str | None = None                 # the client declares the cost (header:NAME)
+    cost_response_header: str | None = None        # the upstream declares it (response_header:NAME)
+    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
+    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
     status: int = default(P.RULE, "status")
     shadow: bool = default(P.RULE, "shadow")
     on_missing: str = default(P.RULE, "on_missing")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
+
+    @property
+    def charged_after(self) -> bool:
+        """Checked at admission, charged when the answer comes (count_on, cost: response_header)."""
+        return bool(self.count_on) or self.cost_response_header is not None
+
+    @property
+    def settles(self) -> bool:
+        """Whether the answer may change what this rule counts."""
+        return self.charged_after or bool(self.refund_on)
 
     @property
     def capacity(self) -> int:
@@ -87,6 +100,22 @@ class Rule:
         return self.window
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """Who is asking, beyond path, methods and host (`match: headers, jwt, client`): every one given
+    must hold, or the route is passed over for the next."""
+
+    headers: tuple[tuple[bytes, frozenset[bytes] | None], ...] = ()  # name, its values (None: present)
+    jwt: tuple[tuple[str, frozenset[str]], ...] = ()                 # claim, its values
+    client: tuple[Network, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.headers or self.jwt or self.client)
+
+
 @dataclass(frozen=True)
 class Route:
     name: str
@@ -100,6 +129,7 @@ class Route:
     shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
     websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
     websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
+    when: Conditions = Conditions()            # match: headers, jwt, client
 
     @property
     def split(self) -> tuple[bool, ...]:
@@ -147,7 +177,7 @@ LOCAL_REFUSALS_HOLD: float = default(P.LOCAL_REFUSALS, "max_hold")  # seconds be
 class Config:
     source: str
     redis: RedisSettings
-    trusted_proxies: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+    trusted_proxies: tuple[Network, ...]
     upstreams: Mapping[str, Upstream]
     routes: tuple[Route, ...]
     jwt: JwtSettings = field(default_factory=JwtSettings)
