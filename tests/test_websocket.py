@@ -48,6 +48,10 @@ routes:
     websocket: true
     limits:
       - {{name: room, by: ["path:room"], algorithm: fixed_window, limit: 3, window: 1h}}
+  - name: source
+    match: {{path: "/source/{{mib}}"}}
+    upstream: ws
+    websocket: true
   - name: refused
     match: {{path: /refuse}}
     upstream: ws
@@ -185,6 +189,21 @@ def test_100_mib_each_way_arrive_intact_in_flat_gateway_memory(gateway: GatewayP
     assert sent == received
     # 200 MiB went through; what the worker holds stays bounded by its buffers, not the traffic
     assert max(samples) - before < 40 * 1024, (before, max(samples))
+
+
+def test_a_client_that_stops_reading_holds_back_the_upstream_not_the_gateways_memory(
+        gateway: GatewayProcess) -> None:
+    [worker] = gateway.worker_pids()
+    before = rss_kib(worker)
+    # the upstream sends 300 MiB as fast as it can; the client reads nothing for a while
+    with connect_sync(ws_url(gateway, "/source/300"), max_size=None, max_queue=1) as ws:
+        peak = before
+        for _ in range(40):
+            time.sleep(0.05)
+            peak = max(peak, rss_kib(worker))
+        assert peak - before < 20 * 1024, (before, peak)
+        got = sum(len(message) for message in ws)  # until the upstream's close
+    assert got == 300 * MiB  # nothing was lost while it waited
 
 
 def test_the_handshake_is_limited_and_a_refused_one_never_reaches_the_upstream(

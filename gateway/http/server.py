@@ -397,8 +397,7 @@ class HttpProtocol(asyncio.Protocol):
             self.tunnel.feed(data)
             return
         if self.upgraded and not self.deferred_refusal:
-            if len(self.early) <= READ_HIGH_WATER:  # reading is paused: at most a read more arrives
-                self.early += data
+            self.early += data  # reading is paused since the Upgrade head: at most a read more arrives
             return
         if self.deferred_refusal or self.upgraded:
             # the parser failed on this connection, or read an Upgrade head: nothing more is read
@@ -423,7 +422,7 @@ class HttpProtocol(asyncio.Protocol):
             # the connection ends after that answer; what follows the head is never parsed.
             self.upgraded = True
             offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
-            self.early = data[offset:offset + READ_HIGH_WATER + 1]
+            self.early = data[offset:]
             exchange = self.pipeline[-1] if self.pipeline else self.exchange
             if exchange is not None:
                 exchange.keep_alive = False
