@@ -69,9 +69,11 @@ def request_key(scope: Mapping[str, Any]) -> Key:
 
 
 class Repeats:
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES,
+                 max_entry_bytes: int = MAX_ENTRY_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.max_entry_bytes = max_entry_bytes
         self.entries: dict[Key, Seen] = {}
         self.bytes = 0
 
@@ -86,7 +88,7 @@ class Repeats:
         fields = key[5]
         size = (ENTRY_COST + FIELD_COST * len(fields) + sum(len(name) + len(value) for name, value in fields)
                 + len(key[3] or b"") + len(key[4] or b""))
-        if size > MAX_ENTRY_BYTES or key in self.entries:
+        if size > self.max_entry_bytes or key in self.entries:
             return False
         if len(self.entries) >= self.max_entries or self.bytes + size > self.max_bytes:
             self.entries.clear()

@@ -80,6 +80,8 @@ class Settlement:
             elif rule.charged_after:
                 if not rule.count_on or status in rule.count_on:
                     amount = _declared(declared, rule.cost_response_header) if rule.cost_response_header else cost
+                    if amount is not None:
+                        amount = min(amount, rule.capacity)  # past its capacity a rule is spent all the same
             elif status in rule.refund_on and now < deadline:
                 amount = -cost
             out.append(amount or None)

@@ -75,7 +75,11 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     if need <= 0 or @force then
       ok, wait = true, ahead * @queue
       ahead = ahead + cost * @step
-      if ahead < 0 then ahead = 0 end   -- a refund never fills the bucket past full
+      if ahead < 0 then
+        ahead = 0                         -- a refund never fills the bucket past full
+      elseif @force and ahead > @span then
+        ahead = @span                     -- a charge past the room leaves the bucket empty, no more
+      end
       room = @span - ahead
       remaining = (room - room % @step) / @step + @queue
       reset = ahead
@@ -261,7 +265,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       remaining = remaining - cost
       if cost ~= 0 and @charge then
         local c = cur + cost
-        if c < 0 then c = 0 end
+        if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
         a@i, b@i = @pack_state
       end
     else

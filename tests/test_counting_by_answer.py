@@ -26,7 +26,7 @@ upstreams:
   dead: {{url: "http://127.0.0.1:{dead}", connect_timeout: 300ms}}
 routes:
   - name: login
-    match: {{path: /login, methods: [POST]}}
+    match: {{path: /signin, methods: [POST]}}
     upstream: up
     limits:
       - {{name: failures, by: ["header:X-User"], algorithm: fixed_window, limit: 5, window: 15m, count_on: [401]}}
@@ -67,7 +67,7 @@ def gateway(tmp_path: Path, redis_proc: RedisProcess) -> Iterator[GatewayProcess
 
 
 def login(client: httpx.Client, user: str, password: str) -> int:
-    return client.post("/login", headers={"X-User": user, "X-Password": password}).status_code
+    return client.post("/signin", headers={"X-User": user, "X-Password": password}).status_code
 
 
 def test_only_failed_logins_count(gateway: GatewayProcess) -> None:
@@ -75,7 +75,7 @@ def test_only_failed_logins_count(gateway: GatewayProcess) -> None:
         assert [login(client, "alice", "right") for _ in range(10)] == [200] * 10  # successes cost nothing
         assert [login(client, "alice", "wrong") for _ in range(5)] == [401] * 5
         wait_until(lambda: login(client, "alice", "right") == 429, timeout=5)  # the fifth charge has landed
-        refused = client.post("/login", headers={"X-User": "alice", "X-Password": "right"})
+        refused = client.post("/signin", headers={"X-User": "alice", "X-Password": "right"})
         assert refused.json()["rule"] == "failures" and int(refused.headers["retry-after"]) > 0
         assert login(client, "bob", "wrong") == 401  # another user's budget is untouched
 
@@ -85,7 +85,7 @@ def test_racing_failed_logins_pass_the_budget_by_at_most_those_in_flight(gateway
 
     def attempt(_: int) -> int:
         with httpx.Client(base_url=gateway.url) as client:
-            return client.post("/login", params={"delay": "0.05"},
+            return client.post("/signin", params={"delay": "0.05"},
                                headers={"X-User": "mallory", "X-Password": "guess"}).status_code
 
     with ThreadPoolExecutor(in_flight) as pool:

@@ -9,6 +9,7 @@ other request to that upstream is served meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -31,7 +32,9 @@ def test_slow_small_bodies_never_starve_the_upstream_pool(gateway: Deployed, log
 
         def trickle() -> None:
             for sock in slow:
-                sock.sendall(b"x")
+                # one refused as too slow after all (a loaded machine's pause) holds nothing either
+                with contextlib.suppress(OSError):
+                    sock.sendall(b"x")
 
         statuses = []
         for i in range(6):

@@ -209,11 +209,13 @@ def test_late_bytes_after_a_bodiless_answer_never_reach_another_client(
     with Conn(gateway.port) as conn:
         conn.send(b"%s /open/script/%s HTTP/1.1\r\nHost: gw\r\n\r\n" % (late.method, name.encode()))
         assert conn.response(head_only=late.method == b"HEAD")[0] == late.status
+        answered = time.monotonic()
     if late.wait:
         time.sleep(0.6)
     weaker = gateway.transport == "httpx" and not late.wait
     with Conn(gateway.port) as other:
         other.send(b"GET /open/after-%s HTTP/1.1\r\nHost: gw\r\n\r\n" % name.encode())
+        in_time = time.monotonic() - answered < 0.2  # well before the late bytes: the probe's timing
         status, headers, body = other.response()
         try:
             assert (status, body) == (200, b"ok") and b"x-injected" not in headers, (status, headers, body)
@@ -222,4 +224,5 @@ def test_late_bytes_after_a_bodiless_answer_never_reach_another_client(
                 logging_upstream.quiet()
                 pytest.xfail(HTTPX_LATE_WEAKER)
             raise
-    assert not weaker, f"httpx's transport now passes {late.id}: update HTTPX_LATE_WEAKER and docs/security.md"
+    # (sent late on a loaded machine, the bytes came while the connection was idle: that proves nothing)
+    assert not (weaker and in_time), f"httpx's transport now passes {late.id}: update HTTPX_LATE_WEAKER"

@@ -5,7 +5,7 @@
     POST     /upload          consumes the body chunk by chunk; JSON: length and sha256
     GET      /slow?delay=S    answers after S seconds
     GET      /status/N        answers with status N
-    POST     /login           200 with X-Password: right, else 401 (after ?delay=S seconds)
+    POST     /signin          200 with X-Password: right, else 401 (after ?delay=S seconds)
     POST     /flaky/...       every third request fails with 503; GET /flaky-ok counts the others
     GET      /tokens?n=N      200, declaring its cost in X-Tokens: N
 """
@@ -106,7 +106,7 @@ def make_app() -> web.Application:
     app.router.add_post("/upload", upload)
     app.router.add_get("/slow", slow)
     app.router.add_get("/status/{code}", status)
-    app.router.add_post("/login", login)
+    app.router.add_post("/signin", login)
     app.router.add_post("/flaky/{tail:.*}", flaky)
     app.router.add_get("/flaky-ok", flaky_ok)
     app.router.add_get("/tokens", tokens)
