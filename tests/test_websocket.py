@@ -140,6 +140,17 @@ def test_bytes_the_client_sends_with_its_handshake_reach_the_upstream_after_the_
     assert received.endswith(b"\x81\x02hi"), received[-50:]
 
 
+def test_a_handshake_pipelined_behind_a_request_is_answered_after_it_and_then_tunneled(
+        gateway: GatewayProcess) -> None:
+    mask = b"\x01\x02\x03\x04"
+    frame = b"\x81\x82" + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(b"hi"))
+    first = b"GET /plain/first HTTP/1.1\r\nHost: gw\r\n\r\n"
+    received = exchange(gateway, first + handshake("/echo/pipelined") + frame, wait=2.0)
+    assert received.startswith(b"HTTP/1.1 200 "), received[:200]
+    assert b"HTTP/1.1 101 " in received
+    assert received.endswith(b"\x81\x02hi"), received[-50:]
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -397,7 +397,11 @@ class HttpProtocol(asyncio.Protocol):
             self.tunnel.feed(data)
             return
         if self.upgraded and not self.deferred_refusal:
-            self.early += data  # reading is paused since the Upgrade head: at most a read more arrives
+            # held until the app accepts the upgrade (or the connection ends); reading is paused
+            # since the Upgrade head, and again if a pipelined request's end resumed it
+            self.early += data
+            if len(self.early) > READ_HIGH_WATER:
+                self._pause_reading()
             return
         if self.deferred_refusal or self.upgraded:
             # the parser failed on this connection, or read an Upgrade head: nothing more is read
@@ -670,7 +674,8 @@ class HttpProtocol(asyncio.Protocol):
             self._arm()
 
     def shutdown(self) -> None:
-        """uvicorn's graceful shutdown: close when idle, else after the response in flight."""
+        """uvicorn's graceful shutdown: close when idle, else after the response in flight (a
+        tunnel runs on until uvicorn cancels it at the end of its graceful timeout)."""
         if self.exchange is None or self.exchange.response_complete:
             self.transport.close()
         else:
