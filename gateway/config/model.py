@@ -130,6 +130,8 @@ class Route:
     failure_mode: str = default(P.ROUTE, "failure_mode")
     headers: str = default(P.ROUTE, "headers")
     shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
+    websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
+    websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
     when: Conditions = Conditions()            # match: headers, jwt, client
 
     @property
