@@ -1,8 +1,11 @@
 """The proxy endpoint: one request -> the pipeline -> forwarded to its upstream, or answered.
 
 A pure ASGI callable, routed by the Starlette app (gateway/app.py) for every request that did not
-arrive on the admin port. `answer_early` is the same endpoint for the server protocol's early path:
-a refusal held in memory, answered before the application is entered (gateway/pipeline.py).
+arrive on the admin port. An admitted WebSocket handshake is forwarded with the server's hand-over
+of the client connection (the `gateway.upgrade` extension): a 101 from the upstream becomes a tunnel
+(gateway/tunnel.py), and the call returns when it closes. `answer_early` is the same endpoint for
+the server protocol's early path: a refusal held in memory, answered before the application is
+entered (gateway/pipeline.py).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
-from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody
+from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
+from gateway.tunnel import switcher, upgrade_acceptor
 
 Reply = tuple[int, Headers, bytes]
 
@@ -48,9 +52,10 @@ class ProxyEndpoint:
                 request_id = request_id_for(result.request.request_id)
                 lease, leases = result.lease, runtime.leases
                 if lease is not None and leases is not None:
-                    leases.hold(lease)  # its slots while it is in flight, given back however it ends
+                    leases.hold(lease)  # its slots while it is in flight (a tunnel too), given back however it ends
                 try:
-                    status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime)
+                    status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime,
+                                            scope)
                 finally:
                     if lease is not None and leases is not None:
                         leases.release(lease)
@@ -81,10 +86,16 @@ async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
 
 
 async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
-                   runtime: Runtime) -> int:
+                   runtime: Runtime, scope: Scope) -> int:
+    switched = None
+    if admit.request.upgrade:
+        accept = upgrade_acceptor(scope)
+        if accept is None:  # a server that cannot hand the connection over (uvicorn's own protocol)
+            return await _reply(send, problem(501, "this server cannot switch protocols"), request_id)
+        switched = switcher(accept, admit.plan.route.websocket_idle_timeout)
     settlement, settler = admit.settlement, runtime.settler
     if settlement is None or settler is None:
-        return await _forward_as_is(admit, receive, send, request_id, body_timeout, None)
+        return await _forward_as_is(admit, receive, send, request_id, body_timeout, None, switched)
     withheld = admit.plan.withheld
 
     def on_head(status: int, fields: httpx.Headers) -> frozenset[bytes]:
@@ -93,14 +104,14 @@ async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes
 
     status = 499
     try:
-        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head)
+        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
     finally:  # no head came: the gateway's own answer (502, 504, 408), or the client left (499)
         settler.settle(settlement, status, None)
     return status
 
 
 async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
-                         on_head: HeadHook | None) -> int:
+                         on_head: HeadHook | None, switched: Switched | None = None) -> int:
     if admit.delay_ms > 0:
         await asyncio.sleep(admit.delay_ms / 1000)
     client = admit.plan.client
@@ -112,7 +123,7 @@ async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id:
     name = client.upstream.name
     started = time.perf_counter()
     try:
-        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head)
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched)
     except UpstreamTimeout as exc:
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)

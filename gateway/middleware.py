@@ -8,7 +8,12 @@ checks, matching, identities, ONE limiter call per request, refusals, rate-limit
 policy. Admitted requests go on to the wrapped app as the limiter read them (the normalized path,
 trimmed field values, without the fields `Connection` named), with the rate-limit headers added to
 its response, and a body read for a `body` identity handed to the app first, whole. A request that
-matches no route passes to the app unlimited; non-HTTP scopes pass through untouched. A request the
+matches no route passes to the app unlimited; other scopes than HTTP and WebSocket pass through
+untouched. A WebSocket scope on a route is decided at its handshake, as the GET it came as: an
+admitted one goes on to the app (the rate-limit headers added to its `websocket.accept`), a refused
+one is answered with the refusal (status, headers and problem+json body) where the server supports
+the `websocket.http.response` extension, else accepted and closed at once with code 1008 (policy
+violation) and the refusal's detail as the reason. A request the
 proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large) is
 refused here too only if a route could match the path the app sees: the others are the app's and
 its server's business, as they would be without the middleware.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import os
 from pathlib import Path
@@ -36,7 +42,7 @@ from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
 from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
-from gateway.responses import problem, send_answer
+from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 from gateway.settlement import Settlement, Settler
@@ -64,6 +70,9 @@ class RateLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -108,6 +117,39 @@ class RateLimitMiddleware:
             raise
         finally:
             settler.settle(settlement, status, None)  # once: a no-op when the answer's head settled it
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One WebSocket scope, decided at its handshake (before the app can accept it)."""
+        if self.error is not None:
+            await _refuse_websocket(scope, receive, send, problem(500, "the rate limits could not be loaded"), 1011)
+            return
+        runtime = self.runtime or await self._start()
+        result = await decide(runtime, _handshake(scope), _no_body, self.limits)
+        if isinstance(result, Answer):
+            if _passes_to_app(result, runtime, scope):
+                await self.app(scope, receive, send)
+            elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
+            return
+        if result.delay_ms > 0:
+            await asyncio.sleep(result.delay_ms / 1000)
+        if result.headers:
+            send = _with_headers(send, result.headers, "websocket.accept")
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
+            return
+        accepted = False
+
+        async def sending(message: Message) -> None:
+            nonlocal accepted
+            accepted = accepted or message["type"] == "websocket.accept"
+            await send(message)
+
+        try:  # counted by the answer: a 101 when the app accepted, else the 403 servers answer for it
+            await self.app(_as_decided(scope, result.request), receive, sending)
+        finally:
+            settler.settle(settlement, 101 if accepted else 403, None)
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def starting(message: Message) -> None:
@@ -193,6 +235,48 @@ def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:
     return replayed
 
 
+def _handshake(scope: Scope) -> Scope:
+    """A WebSocket scope as the GET that opened it, for the pipeline: its Upgrade is the server's
+    business, already done, so the route need not say `websocket: true` (that is the proxy's)."""
+    headers = []
+    for name, value in scope["headers"]:
+        if name == b"upgrade":
+            continue
+        if name == b"connection":
+            tokens = [t for t in value.split(b",") if t.strip().lower() != b"upgrade"]
+            if not tokens:
+                continue
+            value = b",".join(tokens)
+        headers.append((name, value))
+    scheme = "https" if scope.get("scheme") == "wss" else "http"
+    return {**scope, "type": "http", "method": "GET", "scheme": scheme, "headers": headers}
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}  # a handshake has no body (never asked: it has no framing)
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, answer: tuple[int, Headers, bytes],
+                            code: int) -> None:
+    """The refusal as an HTTP answer to the handshake where the server can send one, else a close."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    status, headers, body = answer
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+        return
+    try:
+        reason = str(json.loads(body)["detail"])
+    except (ValueError, KeyError, TypeError):
+        reason = ""
+    while len(reason.encode()) > 123:  # a close frame's reason is at most 123 bytes (RFC 6455 5.5)
+        reason = reason[:-1]
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": code, "reason": reason})
+
+
 def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: frozenset[bytes]) -> Send:
     """Charges and refunds as the app's answer starts (counting by the answer), the fields that
     declare a cost withheld from the client."""
@@ -209,9 +293,9 @@ def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: fr
     return sending
 
 
-def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+def _with_headers(send: Send, headers: list[tuple[bytes, bytes]], start: str = "http.response.start") -> Send:
     async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
+        if message["type"] == start:
             message = {**message, "headers": [*message.get("headers", ()), *headers]}
         await send(message)
 

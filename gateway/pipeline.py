@@ -243,6 +243,10 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
                        RequestOutcome.NO_ROUTE, request)
     route, view.params = found
+    if request.upgrade and not route.websocket:
+        detail = f"route '{route.name}' does not take WebSocket (websocket: true)"
+        return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,
+                       route=route.name, close=True)
     return Matched(request, runtime.plans[route.name], view)
 
 

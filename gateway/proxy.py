@@ -9,6 +9,11 @@ The gateway writes the framing of what it forwards: the request's Host, Content-
 `Transfer-Encoding: chunked`, and X-Forwarded-*; the exact request target (the normalized path the
 route matched) goes in httpx's `target` extension, so no URL library re-quotes it.
 
+A WebSocket handshake (`request.upgrade`) is forwarded with `Upgrade: websocket` and
+`Connection: upgrade` (the Sec-WebSocket-* fields are end-to-end and go as sent); a 101 answer is
+handed to `switched` with its headers and its `network_stream`, and the call returns when the
+tunnel has closed. Any other answer is an ordinary response.
+
 httpx's exceptions are converted here, at one edge: before the response has started they become
 UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connection is ended
 (`Forwarded.aborted`), never made to look complete.
@@ -17,8 +22,8 @@ UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,6 +35,7 @@ from gateway.http.request import HOP_BY_HOP, Request
 from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
+Switched = Callable[[Headers, Any], Awaitable[None]]  # (the 101's headers, its network stream)
 
 BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
 BUFFERED_BODY_BYTES = 16 * 1024  # of a request body, read before an upstream connection is taken
@@ -94,6 +100,7 @@ class UpstreamClient:
         extra_response_headers: Headers,
         request_id: bytes,
         on_head: HeadHook | None = None,
+        switched: Switched | None = None,
     ) -> Forwarded:
         """Forward and stream the response to `send`. `on_head`, when given, sees the answer's status
         and fields as they arrive and returns the names of fields not to pass on to the client.
@@ -120,12 +127,27 @@ class UpstreamClient:
             raise UpstreamUnavailable(
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
+        if status == 101 and (not request.upgrade or switched is None):
+            await response.aclose()
+            raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols unasked")
         stream = response.stream
         headers = _response_headers(response, extra_response_headers)
         if on_head is not None:
             withheld = on_head(status, response.headers)
             if withheld:
                 headers = [field for field in headers if field[0] not in withheld]
+        if status == 101:
+            assert switched is not None
+            upgraded = response.extensions.get("network_stream")
+            try:
+                if upgraded is None:
+                    raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols without a stream")
+                await switched(headers, upgraded)
+            finally:
+                if upgraded is not None:
+                    await upgraded.aclose()
+                await response.aclose()
+            return Forwarded(status, aborted=False)
         start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
@@ -154,6 +176,8 @@ class UpstreamClient:
         if request.host:
             headers.append((b"x-forwarded-host", request.host))
         headers.append((b"x-request-id", request_id))
+        if request.upgrade:
+            headers += ((b"connection", b"upgrade"), (b"upgrade", b"websocket"))
         if request.content_length is not None:
             headers.append((b"content-length", b"%d" % request.content_length))
         elif body is not None:

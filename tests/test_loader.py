@@ -78,9 +78,11 @@ def test_oversized_and_binary_files_are_refused(tmp_path: Path) -> None:
 def test_repository_routes_yaml_loads_into_the_expected_objects() -> None:
     config = load_config(REPO / "routes.yaml", env={})
     assert config.redis.url == "" and config.redis.timeout == 0.05 and config.redis.key_prefix == "rlgw"
-    assert [r.name for r in config.routes] == ["seckill", "login", "internal", "api-pro", "api"]
-    seckill, login, internal, pro, api = config.routes
+    assert [r.name for r in config.routes] == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
+    seckill, login, notifications, internal, pro, api = config.routes
     assert login.limits[0].count_on == frozenset({401}) and login.limits[0].charged_after
+    assert notifications.websocket and not seckill.websocket and not api.websocket
+    assert notifications.websocket_idle_timeout == 600.0 and api.websocket_idle_timeout == 3600.0
     assert [str(n) for n in internal.when.client] == ["10.0.0.0/8", "192.168.0.0/16"] and not internal.limits
     assert pro.when.headers == ((b"x-api-key", frozenset({b"pro-key-123"})),)
     assert seckill.methods == frozenset({"POST"}) and seckill.path == "/seckill/{item_id}"

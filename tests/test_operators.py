@@ -266,7 +266,7 @@ def test_get_limits_lists_every_route_and_rule_with_its_parameters(example: Gate
     listing = httpx.get(example.admin_url + "/limits")
     assert listing.status_code == 200
     routes = {r["name"]: r for r in listing.json()["routes"]}
-    assert list(routes) == ["seckill", "login", "internal", "api-pro", "api"]
+    assert list(routes) == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
     seckill = routes["seckill"]
     assert seckill["match"] == {"path": "/seckill/{item_id}", "methods": ["POST"], "host": None}
     assert seckill["failure_mode"] == "closed" and seckill["upstream"] == "shop"
@@ -298,7 +298,7 @@ def test_healthz_says_whether_redis_answers_and_the_breaker_state(example: Gatew
     body = health.json()
     assert body["status"] == "ok" and body["ready"] is True and body["breaker"] == "closed"
     assert body["redis"]["answers"] is True and body["redis"]["latency_ms"] < 1000
-    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 5}
+    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 6}
     unknown = httpx.get(example.admin_url + "/nothing-here")
     assert unknown.status_code == 404 and "no admin endpoint" in str(problem(unknown)["detail"])
     wrong = httpx.get(example.admin_url + "/reload")

@@ -360,6 +360,7 @@ BEYOND_A_SCHEMA = {
     "shards_quota_smaller_than_shards": "arithmetic over the rules",
     "shards_without_identity": "depends on the first rule",
     "unset_env": "the environment",
+    "websocket_on_http2": "a reference to another section (the upstream's http2)",
     "yaml_alias": "the YAML text (a schema sees the resolved document)",
 }
 NOT_YAML = {"not_yaml", "spec_unquoted_braces"}

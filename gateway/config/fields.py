@@ -225,6 +225,11 @@ FIELDS: tuple[Field, ...] = (
        "unlimited, closed answers 503 + Retry-After.", default="open"),
     _f((DEFAULTS, ROUTE), "headers", Choice(HEADER_MODES), "Rate-limit headers: draft (IETF RateLimit), "
        "legacy (X-RateLimit-*), both or none.", default="draft"),
+    _f(ROUTE, "websocket", Boolean(), "true: a WebSocket handshake (GET with Upgrade: websocket) is decided "
+       "like any request and, if the upstream answers 101, tunneled both ways; false: every Upgrade is a 501.",
+       default=False),
+    _f((DEFAULTS, ROUTE), "websocket_idle_timeout", Duration(), "A tunnel with no byte either way for this long "
+       "is closed.", default=3600.0),
     _f(ROUTE, "shards", Integer(1, MAX_SHARDS), "Redis Cluster: spread the route's keys over this many hash "
        "tags, chosen by the first rule's identity (docs/scaling.md). 1: every key in one slot, exact.",
        default=1),

@@ -403,6 +403,9 @@ def _route(
     rules, rule_nodes = _rules(found, key, r, path_params(path), jwt)
     if values.get("shards", 1) > 1:
         _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
+    if values.get("websocket") and upstream is not None and upstream.http2:
+        r.problem(found.nodes["websocket"], f"{key}.websocket",
+                  f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
     if name is None or (upstream is None and r.proxy):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),

@@ -57,18 +57,18 @@ class Rule:
     algorithm: str
     limit: int = default(P.RULE, "limit")          # windows and quota
     window: float = default(P.RULE, "window")      # seconds; windows; quota period (0 = never refills)
-    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
     rate: float = default(P.RULE, "rate")          # per second; buckets
     burst: int = default(P.RULE, "burst")          # buckets
     cost: int = default(P.RULE, "cost")
     cost_header: str | None = None                 # the client declares the cost (header:NAME)
-    cost_response_header: str | None = None        # the upstream declares it (response_header:NAME)
-    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
-    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
     status: int = default(P.RULE, "status")
     shadow: bool = default(P.RULE, "shadow")
     on_missing: str = default(P.RULE, "on_missing")
-    max_overrides: int = default(P.RULE, "max_overrides")
+    cost_response_header: str | None = None        # the upstream declares the cost (response_header:NAME)
+    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
+    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
+    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
+    max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
@@ -131,6 +131,8 @@ class Route:
     failure_mode: str = default(P.ROUTE, "failure_mode")
     headers: str = default(P.ROUTE, "headers")
     shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
+    websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
+    websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
     when: Conditions = Conditions()            # match: headers, jwt, client
 
     @property

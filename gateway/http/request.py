@@ -4,7 +4,10 @@
 upstream could read differently from the gateway (SPEC section 4, "Framing and hostile input"):
 
 - Content-Length together with Transfer-Encoding, or differing Content-Lengths: 400;
-  a transfer-coding other than chunked: 501; an Upgrade (WebSocket, h2c) or CONNECT: 501;
+  a transfer-coding other than chunked: 501; CONNECT, or an Upgrade other than a WebSocket
+  handshake (h2c, an Upgrade without `Connection: upgrade`, not a GET on HTTP/1.1): 501; a
+  WebSocket handshake carrying a body: 400 (whether its route takes WebSocket is the pipeline's
+  question, once the route is known);
 - no Host on HTTP/1.1, more than one Host, or a Host that is not a host: 400;
 - a head larger than `max_head_bytes`, whatever the server protocol buffered: 431;
 - a target that is not a path, an encoded `/` or `\\` or control character (NUL, CR, LF, ...), a
@@ -75,6 +78,7 @@ class Request:
     dropped: frozenset[bytes] = frozenset()    # end-to-end fields named in Connection (removed)
     underscored: frozenset[bytes] = frozenset()  # names sent with `_`, spelled with `-`
     trimmed: bool = False                # some field value came with whitespace around it
+    upgrade: bool = False                # a WebSocket handshake (Upgrade: websocket, no body)
 
     @property
     def hostname(self) -> str:
@@ -123,7 +127,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
     forwarded: list[bytes] = []
     connection: list[bytes] = []
     request_id: bytes | None = None
-    upgrade = False
+    upgrades: list[bytes] = []
     trimmed = False
     for name, value in scope["headers"]:
         size += len(name) + len(value) + 4
@@ -143,7 +147,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
             elif name == b"connection":
                 connection.append(value)
             elif name == b"upgrade":
-                upgrade = True
+                upgrades.append(value)
             elif name == b"x-request-id":
                 if request_id is None:
                     request_id = value
@@ -159,10 +163,10 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         raise HeadTooLarge(f"request line and headers exceed {max_head_bytes // 1024} KiB")
 
     dropped: set[bytes] = set()
+    connection_upgrade = False
     if connection:
         named = {t.strip().lower() for v in connection for t in v.split(b",")} - {b""}
-        if b"upgrade" in named:
-            upgrade = True
+        connection_upgrade = b"upgrade" in named
         dropped = named - _FRAMING
         if b"x-forwarded-for" in dropped:
             forwarded = []
@@ -170,8 +174,15 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
             headers = [(n, v) for n, v in headers if n not in dropped]
             first = {n: v for n, v in first.items() if n not in dropped}
             repeated -= dropped
-    if upgrade:
-        raise NotImplementedRequest("protocol upgrades (WebSocket, h2c) are not supported")
+    websocket = False
+    if upgrades or connection_upgrade:
+        # RFC 6455 4.1: a GET on HTTP/1.1, `Upgrade: websocket` named in `Connection`. Anything else
+        # (h2c, a second Upgrade line, an Upgrade the Connection field does not name) is refused:
+        # the upstream could switch where the gateway would not
+        websocket = (connection_upgrade and len(upgrades) == 1 and upgrades[0].lower() == b"websocket"
+                     and method == "GET" and scope.get("http_version", "1.1") == "1.1")
+        if not websocket:
+            raise NotImplementedRequest("protocol upgrades other than WebSocket (h2c, ...) are not supported")
 
     chunked = False
     if codings:
@@ -191,6 +202,10 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         if not text.isdigit() or len(text) > 18:
             raise BadRequest("Content-Length is not a number")
         content_length = int(text)
+    if websocket and (chunked or content_length):
+        # after a 101 the bytes that follow the head are the tunnel's: a body would be read as
+        # frames by one side and as a request body by the other
+        raise BadRequest("a WebSocket handshake carries no body")
 
     host = None
     scheme = scope.get("scheme", "http")
@@ -228,6 +243,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         # one search of all the names: `bytes in bytes` costs ~150 ns a time on CPython 3.11
         underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n) if b"_" in b"".join(first) else _NONE,
         trimmed=trimmed,
+        upgrade=websocket,
     )
 
 

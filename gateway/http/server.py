@@ -17,6 +17,15 @@ What a proxy facing the internet needs, and uvicorn's protocol did not bound:
 - a head of more than `MAX_HEADER_FIELDS` fields is a 431; a version other than 1.0 and 1.1 a 505;
   an absolute-form target of a scheme other than http and https a 400. An HTTP/1.0 client never
   receives a chunked body (the connection delimits it), and a 408 ends the connection.
+Upgrades. A request llhttp reads as an Upgrade (`Connection: upgrade` + `Upgrade`) is never kept
+alive: nothing after its head is parsed as HTTP again. Its scope carries the ASGI extension
+`gateway.upgrade`, `{"accept": accept}`: `await accept(headers)` writes `101 Switching Protocols`
+with `headers` and returns the client's connection as an `UpgradedStream` (gateway/http/upgraded.py,
+httpcore's network-stream interface), holding whatever the client sent after the head; the
+connection ends when the app returns. An app that answers anything else sends an ordinary
+response, after which the connection closes: bytes sent after an Upgrade head are only ever read
+as a tunnel, and only once the app accepted. On uvicorn's graceful shutdown an open tunnel is left
+to run until the drain timeout, when uvicorn cancels its task and the connection closes.
 Its settings and the early-answer hook come through uvicorn's config (`ServerConfig`), which
 uvicorn hands to every connection's protocol. One timer per connection covers the head and
 keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
@@ -39,6 +48,7 @@ import httptools
 import uvicorn
 
 from gateway.http.problem import problem
+from gateway.http.upgraded import UpgradedStream
 
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_HEADER_BYTES = 64 * 1024
@@ -46,6 +56,7 @@ MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
+UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
 
 Headers = list[tuple[bytes, bytes]]
 EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
@@ -187,6 +198,20 @@ class Exchange:
             self.response_complete = True
             conn.response_done(self)
 
+    async def accept_upgrade(self, headers: Headers) -> UpgradedStream:
+        """Switch protocols: 101 with `headers`, then the client's connection as raw bytes."""
+        conn = self.conn
+        if self.response_started or self.disconnected or not conn.upgraded or conn.transport.is_closing():
+            raise ConnectionResetError("the client connection cannot switch protocols")
+        self.response_started = True
+        self.expect_100 = False
+        tunnel = conn.tunnel = UpgradedStream(conn, conn.transport, conn.loop, READ_HIGH_WATER)
+        conn.transport.write(head_lines(101, headers) + b"\r\n")
+        early, conn.early = conn.early, b""
+        tunnel.feed(early)
+        conn.resume_reading()
+        return tunnel
+
     def _head(self, status: int, headers: Any) -> bytes:
         parts = [_status_line(status)]
         fixed = chunked = close = False
@@ -317,6 +342,8 @@ class HttpProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
         self.upgraded = False         # an Upgrade head was read: nothing after it is ever parsed
+        self.early = b""              # bytes after an Upgrade head, kept until the app accepts it
+        self.tunnel: UpgradedStream | None = None  # the upgrade was accepted: bytes go here
         self.body_delivered = 0       # body bytes the parser has handed over on this connection
         self.framing_bytes = 0        # bytes read since the last body bytes (chunk framing, trailers)
         # answered early: the next STEP_ASIDE turns of the loop, what arrives waits in `stashed`
@@ -347,12 +374,18 @@ class HttpProtocol(asyncio.Protocol):
             if exchange is not None and not exchange.response_complete:
                 exchange.disconnected = True
                 exchange.wake()
+        if self.tunnel is not None:
+            self.tunnel.end()
         self.write_paused = False
         self._wake_drain()
 
     def eof_received(self) -> bool:
         """The client half-closed: a request it sent whole is still answered, then the connection
-        ends; one whose body can no longer arrive is a disconnect."""
+        ends; one whose body can no longer arrive is a disconnect. A tunnel is told, and the app
+        closes it."""
+        if self.tunnel is not None:
+            self.tunnel.end()
+            return True
         exchange = self.exchange
         if exchange is not None and not exchange.response_complete and not exchange.more_body:
             exchange.keep_alive = False
@@ -360,6 +393,16 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
     def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.feed(data)
+            return
+        if self.upgraded and not self.deferred_refusal:
+            # held until the app accepts the upgrade (or the connection ends); reading is paused
+            # since the Upgrade head, and again if a pipelined request's end resumed it
+            self.early += data
+            if len(self.early) > READ_HIGH_WATER:
+                self._pause_reading()
+            return
         if self.deferred_refusal or self.upgraded:
             # the parser failed on this connection, or read an Upgrade head: nothing more is read
             # (reading resumes for the requests pipelined before, and must not feed the parser)
@@ -378,10 +421,12 @@ class HttpProtocol(asyncio.Protocol):
         delivered = self.body_delivered
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # No protocol switch through the gateway: the app refuses the request (501) and the
-            # connection ends after that answer; nothing sent after the head is read.
+        except httptools.HttpParserUpgrade as exc:
+            # The parser stops at an Upgrade head: the app accepts it (a tunnel), or answers and
+            # the connection ends after that answer; what follows the head is never parsed.
             self.upgraded = True
+            offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.early = data[offset:]
             exchange = self.pipeline[-1] if self.pipeline else self.exchange
             if exchange is not None:
                 exchange.keep_alive = False
@@ -489,7 +534,11 @@ class HttpProtocol(asyncio.Protocol):
             "root_path": "", "path": path, "raw_path": raw_path, "query_string": parsed.query or b"",
             "headers": self.headers, "state": self.app_state.copy(),
         }
-        exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive(), self.expect_100)
+        upgrade = parser.should_upgrade()  # never kept alive, never answered early: what follows is not HTTP
+        exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive() and not upgrade,
+                            self.expect_100)
+        if upgrade:
+            scope["extensions"] = {UPGRADE: {"accept": exchange.accept_upgrade}}
         if self.exchange is None or self.exchange.response_complete:
             if (self.early_answer is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
                     or not self._answer_early(exchange)):
@@ -582,17 +631,26 @@ class HttpProtocol(asyncio.Protocol):
         exchange.entered = True
         try:
             await self.app(exchange.scope, exchange.receive, exchange.send)
-        except BaseException as exc:
-            log.error("exception in the request handler", exc_info=exc)
-            if not exchange.response_started and not self.transport.is_closing():
-                self._refuse(500, "the gateway failed to handle the request")
-            else:
+        except asyncio.CancelledError as exc:
+            if self.tunnel is not None:  # a tunnel still open at the end of the drain timeout
                 self.transport.close()
+                raise
+            self._failed(exchange, exc)
+            raise
+        except BaseException as exc:
+            self._failed(exchange, exc)
             if not isinstance(exc, Exception):
                 raise
             return
         if not exchange.response_complete and not exchange.disconnected:
             # a response broken off (the upstream failed mid-body): never made to look complete
+            self.transport.close()
+
+    def _failed(self, exchange: Exchange, exc: BaseException) -> None:
+        log.error("exception in the request handler", exc_info=exc)
+        if not exchange.response_started and not self.transport.is_closing():
+            self._refuse(500, "the gateway failed to handle the request")
+        else:
             self.transport.close()
 
     def response_done(self, exchange: Exchange) -> None:
@@ -616,13 +674,26 @@ class HttpProtocol(asyncio.Protocol):
             self._arm()
 
     def shutdown(self) -> None:
-        """uvicorn's graceful shutdown: close when idle, else after the response in flight."""
+        """uvicorn's graceful shutdown: close when idle, else after the response in flight (a
+        tunnel runs on until uvicorn cancels it at the end of its graceful timeout)."""
         if self.exchange is None or self.exchange.response_complete:
             self.transport.close()
         else:
             self.exchange.keep_alive = False
 
     # --- flow control --------------------------------------------------------------------------
+
+    def pause_side(self) -> None:  # gateway.http.upgraded.Side
+        self._pause_reading()
+
+    def resume_side(self) -> None:
+        self.resume_reading()
+
+    async def writable(self) -> None:
+        if self.write_paused and not self.transport.is_closing():
+            await self.drain()
+        if self.transport.is_closing():
+            raise ConnectionResetError("the client connection is closed")
 
     def _pause_reading(self) -> None:
         if not self.read_paused and not self.transport.is_closing():
