@@ -54,6 +54,9 @@ def test_a_split_rule_s_override_holds_over_the_shards_of_a_cluster(cluster: Red
 
         wait_until(more, timeout=5)                                     # both workers, within 2 s
         assert sold == 10 and burst(40) == 0                            # 5 in each shard, never more
+        too_small = httpx.put(f"{gateway.admin_url}/overrides/sale/stock", params={"key": "8"}, json={"limit": 1})
+        assert too_small.status_code == 400 and too_small.json()["field"] == "limit"   # 1 over 2 shards: 0 in one
+        assert "each needs at least 1" in too_small.json()["detail"]
         listed = httpx.get(f"{gateway.admin_url}/overrides/sale/stock").json()
         assert listed["count"] == 1 and listed["overrides"] == [{"key": "9", "override": {"limit": 10}}]
     finally:
