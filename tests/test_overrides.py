@@ -97,6 +97,9 @@ def test_an_override_applies_on_every_gateway_within_2s_and_survives_a_restart(
     assert admitted(b, "carol", 6) == 4                                 # read before the first request
     listed = httpx.get(f"{b.admin_url}/overrides/api/user", params={"key": "carol"}).json()
     assert listed["override"] == {"limit": 4, "window": "1h"}
+    assert httpx.post(f"{b.admin_url}/reload").status_code == 200       # and a reload: in force at once
+    after = ask(b, "carol")
+    assert after.status_code == 429 and after.headers["x-ratelimit-limit"] == "4"
 
 
 def test_unlimited_lets_one_identity_past_the_rule_and_delete_ends_it(
