@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -39,8 +40,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, RedisUnavailable
 from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
+from gateway.overrides import Overrides, keep_in_step
 from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
@@ -66,6 +68,8 @@ class RateLimitMiddleware:
         self.runtime: Runtime | None = None
         self.embedded: EmbeddedRedis | None = None
         self._starting = asyncio.Lock()
+        self.overrides = Overrides()
+        self._syncer: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -188,9 +192,19 @@ class RateLimitMiddleware:
                     settings = Settings(config_path=settings.config_path, embedded_redis_url=self.embedded.url)
                 redis = redis_settings(settings, self.config)
                 self.runtime = build_runtime(self.config, redis, new_limiter(redis))
+                await self._follow_overrides(self.runtime)
             return self.runtime
 
+    async def _follow_overrides(self, runtime: Runtime) -> None:
+        """Per-identity overrides (set on a gateway's admin port sharing this Redis) apply here too."""
+        with contextlib.suppress(RedisUnavailable):  # the poll catches up
+            await self.overrides.sync(runtime)
+        self._syncer = asyncio.get_running_loop().create_task(keep_in_step(self.overrides, lambda: self.runtime))
+
     async def close(self) -> None:
+        if self._syncer is not None:
+            self._syncer.cancel()
+            self._syncer = None
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.limiter.close()

@@ -3,6 +3,7 @@ gateway processes on one real Redis, a real upstream (SPEC §2 "Per-identity ove
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,14 +12,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config import parse_config
-from gateway.limiter import rule_spec
-from gateway.overrides import entry
+from gateway.config import RedisSettings, parse_config
+from gateway.limiter import Limiter, rule_spec
+from gateway.overrides import Store, canonical, entry
+from gateway.redis import make_runner
 from gateway.runtime import route_plan
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
+from tests.test_middleware import Served
 
 APPLIES_WITHIN = 2.0  # seconds: the SPEC's promise for every gateway
 
@@ -234,3 +237,26 @@ routes:
     whole = entry(plan, 0, '{"rate": "30/s", "burst": 10}')                     # per identity: whole
     assert [spec.p1 for spec in whole.specs] == [10, 10, 10]
     assert whole.rule is not None and whole.specs[0]._replace(base=None) == rule_spec(whole.rule)
+
+
+def test_an_app_guarded_in_process_applies_the_overrides_of_its_redis(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    served = Served("starlette_app", tmp_path, redis_proc.url)
+    try:
+        [config_file] = tmp_path.glob("routes-*.yaml")
+        prefix = parse_config(config_file.read_text(), str(config_file), {}, proxy=False).redis.key_prefix
+
+        def order(n: int) -> int:
+            return served.client.post(f"/orders/{n}", content=f"o{n}".encode(), headers={"X-User": "hana"}).status_code
+
+        assert [order(n) for n in range(4)] == [200, 200, 200, 429]       # the file's 3 an hour
+
+        async def put() -> None:  # as a gateway's admin port sharing this Redis does
+            limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=5.0)))
+            await Store(limiter, prefix).put("orders", "user", "hana", canonical({"limit": 5, "window": "1h"}), 10)
+            await limiter.close()
+
+        asyncio.run(put())
+        wait_until(lambda: order(10) == 200, timeout=APPLIES_WITHIN)
+        assert [order(n) for n in range(11, 13)] == [200, 429]            # 5 in all
+    finally:
+        assert "Traceback" not in served.stop()
