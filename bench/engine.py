@@ -8,6 +8,10 @@ CPU: `INFO commandstats` usec_per_call of EVALSHA for a 3-rule route (token_buck
 sliding_window per item, quota per item), the median of seven rounds of decisions over fresh and
 existing keys, next to the floor under it: a script making the same Redis calls (TIME, MGET and
 the three writes) and a reply of the same size with no logic, measured in turn with them.
+Then per algorithm, on hot keys (a route of three rules of that algorithm over 50 identities,
+every decision admitted): the decision's time over its floor's (the same rounds in turn), and
+the Redis commands a decision makes (`INFO commandstats` calls besides EVALSHA, per decision;
+the floor makes rules + 2).
 redis-server runs pinned to one core and this process to the other. Memory: `used_memory` before
 and after 100,000 identities each hit once, per O(1) algorithm, divided by the number of keys.
 Results print as a Markdown table.
@@ -48,6 +52,19 @@ O1_RULES = {
     "leaky_bucket": Rule("r", (Source("header", "x-user"),), "leaky_bucket", rate=0.01, burst=100),
     "quota": Rule("r", (Source("header", "x-user"),), "quota", limit=100, window=86400.0),
 }
+HOT = {  # every decision admitted, on keys whose state lives on: the buckets' time runs ahead (a
+    # second per request), the windows are short (a decision often sees the last window's count)
+    "fixed_window": Rule("r", (), "fixed_window", limit=10**9, window=0.1),
+    "sliding_window": Rule("r", (), "sliding_window", limit=100_000, window=0.1),
+    "token_bucket": Rule("r", (), "token_bucket", rate=1.0, burst=10**9),
+    "gcra": Rule("r", (), "gcra", rate=1.0, burst=10**9),
+    "leaky_bucket": Rule("r", (), "leaky_bucket", rate=1.0, burst=10**9),
+    "quota": Rule("r", (), "quota", limit=10**12),
+    "sliding_log": Rule("r", (), "sliding_log", limit=100_000, window=0.05),
+}
+# the routes measured on hot keys: three rules of each algorithm, and the route's three algorithms
+HOT_ROUTES = {**{f"`{name}`": [HOT[name]] * 3 for name in HOT},
+              "`token_bucket`, `sliding_window`, `quota`": [HOT["token_bucket"], HOT["sliding_window"], HOT["quota"]]}
 ROUTE = [
     Rule("user", (Source("header", "x-user"),), "token_bucket", rate=100.0, burst=100),
     Rule("item", (Source("path", "item"),), "sliding_window", limit=1_000_000, window=1.0),
@@ -55,12 +72,13 @@ ROUTE = [
 ]
 
 
-def route_keys(i: int, users: int) -> list[str]:
-    """The keys of decision number i: its user's bucket, its item's window and stock."""
+def route_keys(i: int, users: int, route: str = "shop") -> list[str]:
+    """The keys of decision number i: its user's bucket, its item's window and stock. The floor
+    has keys of its own (route "floor"): its writes are not the decisions' state."""
     user = identity_token([f"user-{i % users}".encode()])
     item = identity_token([f"item-{i % 50}".encode()])
-    return [state_key("rlgw", "shop", "user", user), state_key("rlgw", "shop", "item", item),
-            state_key("rlgw", "shop", "stock", item)]
+    return [state_key("rlgw", route, "user", user), state_key("rlgw", route, "item", item),
+            state_key("rlgw", route, "stock", item)]
 
 
 async def decisions(url: str, count: int, users: int) -> None:
@@ -92,11 +110,56 @@ def floor_us(client: Any, count: int, users: int) -> float:
     client.config_resetstat()
     pipe = client.pipeline(transaction=False)
     for i in range(count):
-        pipe.evalsha(sha, 3, *route_keys(i, users))
+        pipe.evalsha(sha, 3, *route_keys(i, users, "floor"))
         if i % 200 == 199:
             pipe.execute()
     pipe.execute()
     return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+
+
+def hot_keys(name: str, i: int, route: str = "hot") -> list[str]:
+    return [state_key("rlgw", route, f"{name}-{n}", identity_token([f"id-{i % 50}".encode()]))
+            for n in range(3)]
+
+
+def hot_floor(rules: list[Rule]) -> str:
+    """TIME, one MGET, one write per rule (the algorithm's kind of write), a reply of the same size."""
+    writes = ["redis.call('INCRBY', KEYS[{n}], 1)" if rule.algorithm == "quota" and not rule.window
+              else "redis.call('SET', KEYS[{n}], t[2], 'PXAT', at)" for rule in rules]
+    return "\n".join(["local t = redis.call('TIME')", "local v = redis.call('MGET', unpack(KEYS))",
+                       "local at = t[1] * 1000 + 60000", *(w.format(n=n) for n, w in enumerate(writes, start=1)),
+                       "return {3, 4005, 4005, 4005}"])
+
+
+async def hot_decisions(url: str, name: str, count: int) -> None:
+    limiter = Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
+    specs = [rule_spec(rule) for rule in HOT_ROUTES[name]]
+    for start in range(0, count, 200):
+        calls = [limiter.decide(specs, hot_keys(name, i), [1, 1, 1])
+                 for i in range(start, min(start + 200, count))]
+        assert all(d.admitted for d in await asyncio.gather(*calls)), name
+    await limiter.close()
+
+
+def hot_floor_us(client: Any, name: str, count: int) -> float:
+    sha = client.script_load(hot_floor(HOT_ROUTES[name]))
+    client.config_resetstat()
+    pipe = client.pipeline(transaction=False)
+    for i in range(count):
+        pipe.evalsha(sha, 3, *hot_keys(name, i, "floor"))
+        if i % 200 == 199:
+            pipe.execute()
+    pipe.execute()
+    return float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+
+
+def commands_per_call(client: Any) -> float:
+    """Redis commands run inside the scripts since the last reset, per EVALSHA."""
+    stats = client.info("commandstats")
+    calls = stats["cmdstat_evalsha"]["calls"]
+    connecting = ("cmdstat_evalsha", "cmdstat_config", "cmdstat_hello", "cmdstat_client", "cmdstat_info")
+    inner = sum(v["calls"] for name, v in stats.items() if name.partition("|")[0] not in connecting)
+    return float(inner / calls)
 
 
 async def fill(url: str, rule: Rule, identities: int) -> None:
@@ -139,6 +202,20 @@ def measure(version: str, binary: str, decisions_n: int, identities: int) -> dic
             floors.append(floor_us(client, decisions_n // ROUNDS, 5000))
         out["cpu_us_per_decision"] = statistics.median(rounds)
         out["floor_us"] = statistics.median(floors)
+        for algorithm in HOT_ROUTES:
+            asyncio.run(hot_decisions(proc.url, algorithm, 1000))  # the keys exist, the script is loaded
+            ratios, commands = [], []
+            for _ in range(ROUNDS):
+                client.config_resetstat()
+                asyncio.run(hot_decisions(proc.url, algorithm, decisions_n // ROUNDS // 4))
+                commands.append(commands_per_call(client))
+                decided = float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
+                ratios.append(decided / hot_floor_us(client, algorithm, decisions_n // ROUNDS // 4))
+            out[f"floor_ratio:{algorithm}"] = statistics.median(ratios)
+            out[f"commands:{algorithm}"] = statistics.median(commands)
+        client.config_resetstat()
+        asyncio.run(decisions(proc.url, decisions_n // ROUNDS, 5000))
+        out["commands:route"] = commands_per_call(client)
         for name, rule in O1_RULES.items():
             client.flushall()
             before = client.info("memory")["used_memory"]
@@ -152,10 +229,12 @@ def measure(version: str, binary: str, decisions_n: int, identities: int) -> dic
     return out
 
 
-def instructions_per_call(binary: str, work: Callable[[str, int], None]) -> float:
+def instructions_per_call(binary: str, work: Callable[[str, int], None], inside: str | None = None) -> float:
     """Instructions redis-server executes per call of `work`, counted by callgrind: the difference
     between a run of 2,500 calls and one of 500 (start-up and shutdown cancel out). Unlike time,
-    the count does not move with the host's load."""
+    the count does not move with the host's load. `inside`: only those of this function and what it
+    calls (callgrind_annotate --inclusive), e.g. evalShaCommand: the script's run, without reading
+    and parsing the command and writing its reply."""
     counts = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in (500, 2500):
@@ -175,9 +254,14 @@ def instructions_per_call(binary: str, work: Callable[[str, int], None]) -> floa
             client.close()
             proc.terminate()
             proc.wait()
-            found = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
-            assert found, "no callgrind totals"
-            counts.append(int(found.group(1)))
+            if inside is None:
+                found = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+            else:
+                text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
+                                      capture_output=True, text=True, check=True).stdout
+                found = re.search(r"^\s*([\d,]+)\s.*\b" + inside + r"\b", text, re.MULTILINE)
+            assert found, f"no callgrind count ({inside or 'totals'})"
+            counts.append(int(found.group(1).replace(",", "")))
     return (counts[1] - counts[0]) / 2000
 
 
@@ -190,7 +274,19 @@ def count_instructions(binary: str) -> dict[str, float]:
         floor_us(client, n, 250)
         client.close()
 
-    return {"decision": instructions_per_call(binary, decide), "floor": instructions_per_call(binary, floor)}
+    route = "`token_bucket`, `sliding_window`, `quota`"
+
+    def hot(url: str, n: int) -> None:
+        asyncio.run(hot_decisions(url, route, n))
+
+    def hot_floor_calls(url: str, n: int) -> None:
+        client = redis.Redis.from_url(url)
+        hot_floor_us(client, route, n)
+        client.close()
+
+    return {"decision": instructions_per_call(binary, decide), "floor": instructions_per_call(binary, floor),
+            "hot": instructions_per_call(binary, hot, "evalShaCommand"),
+            "hot_floor": instructions_per_call(binary, hot_floor_calls, "evalShaCommand")}
 
 
 def main() -> None:
@@ -209,6 +305,10 @@ def main() -> None:
     print(f"| Redis CPU per 3-rule decision, µs (EVALSHA usec_per_call) | {row} | <= 15 |")
     row = " | ".join(f"{results[v]['floor_us']:.1f}" for v in versions)
     print(f"| the same Redis calls without the logic (floor), µs | {row} | |")
+    row = " | ".join(f"{results[v]['cpu_us_per_decision'] / results[v]['floor_us']:.2f}x" for v in versions)
+    print(f"| the route's decision over its floor | {row} | <= 1.3x |")
+    row = " | ".join(f"{results[v]['commands:route']:.2f}" for v in versions)
+    print(f"| Redis commands per decision of the route (rules + 2 = 5) | {row} | <= 5 |")
     for name in O1_RULES:
         row = " | ".join(f"{results[v][f'bytes_per_key:{name}']:.0f}" for v in versions)
         print(f"| memory per identity, `{name}`, bytes | {row} | <= 130 |")
@@ -218,6 +318,20 @@ def main() -> None:
         print(f"| redis-server instructions per 3-rule decision (callgrind) | {row} | |")
         row = " | ".join(f"{counted[v]['floor'] / 1000:.1f}k" for v in versions)
         print(f"| the same for the floor (callgrind) | {row} | |")
+        row = " | ".join(f"{counted[v]['hot'] / 1000:.1f}k / {counted[v]['hot_floor'] / 1000:.1f}k = "
+                         f"{counted[v]['hot'] / counted[v]['hot_floor']:.2f}x" for v in versions)
+        print(f"| hot keys, the route's script over its floor, instructions inside EVALSHA (callgrind) | {row} "
+              "| <= 1.3x |")
+    print()
+    print("Hot keys: a route of three rules of one algorithm, and one of the route's three algorithms "
+          "(50 identities, every decision admitted):")
+    print()
+    print(f"| algorithm | {' | '.join(f'Redis {v}: over the floor, commands' for v in versions)} | target |")
+    print(f"| --- | {' | '.join('---:' for _ in versions)} | ---: |")
+    for algorithm in HOT_ROUTES:
+        row = " | ".join(f"{results[v][f'floor_ratio:{algorithm}']:.2f}x, {results[v][f'commands:{algorithm}']:.2f}"
+                         for v in versions)
+        print(f"| {algorithm} | {row} | <= 1.3x, 5 |")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Client CPU per decision on the Redis side of the gateway: redis-py one EVALSHA per decision vs
-the gateway's runner (the decisions of one event-loop tick in one pipeline), and the whole
-Limiter.decide on top of it.
+the gateway's runner (the decisions of one event-loop tick in one write on its connection), the
+runner as it was (a redis-py pipeline per batch), and the whole Limiter.decide on top of it; a
+lone decision (1 in flight) and decisions under load (50 in flight).
 
     .venv/bin/python bench/redis_client.py                      # uvloop, 20,000 decisions, 5 rounds
+    .venv/bin/python bench/redis_client.py --in-flight 1 --modes pipeline,batched
     .venv/bin/python bench/redis_client.py --loop asyncio --decisions 50000
     .venv/bin/python bench/redis_client.py --cluster            # a 3-primary Redis Cluster instead
+    .venv/bin/python bench/redis_client.py --seam               # the installed redis-py's ways to call
 
 Each mode runs `--decisions` 3-rule decisions (bench/engine.py's route: token_bucket per user,
 sliding_window and quota per item) with `--in-flight` of them in flight all the time, against a
@@ -14,8 +17,18 @@ host is shared: the least is the one least disturbed). Redis's own CPU is
 not in it (bench/engine.py measures that).
 
     unbatched  redis.asyncio.Redis (RedisCluster) with its defaults, one `await evalsha()` per decision
-    batched    gateway.redis's runner: the calls of a tick in one pipeline (one per node)
+    pipeline   the runner before (one server only): the calls of a tick in one redis-py pipeline on
+               a pooled connection, up to 16 batches in flight
+    batched    gateway.redis's runner: the calls of a tick in one packed write on its one connection
+               (one per node), read back in order
     limiter    gateway.limiter.Limiter.decide on that runner: the whole decision path
+
+The host is shared: for the old path against the new one, alternate runs of the two modes
+(`--modes pipeline,batched --repeat 3`) and compare the pairs.
+
+--seam: CPU per lone EVALSHA of `return 1` (5,000 in turn, uvloop) through the installed redis-py's
+client API, its `Connection` (send_packed_command + read_response) with and without a socket
+timeout, and its parser alone; to choose a version, run it in a venv of each, alternating.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,11 +52,24 @@ from redis.asyncio.cluster import RedisCluster as ClusterClient
 from gateway.config import RedisSettings
 from gateway.decision_script import decision_script
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis import make_runner
+from gateway.redis import PipelineRunner, make_runner
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisProcess
 
 USERS = 5000
+
+
+class PooledPipelineRunner(PipelineRunner):
+    """The one-server runner as it was before it kept one connection: each batch a redis-py
+    pipeline (transaction=False) on a connection from the pool, up to 16 batches in flight."""
+
+    max_batches = 16
+
+    async def _pipeline(self, commands: Sequence[tuple[bytes | str | int, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.pipeline_execute_command(*command)  # type: ignore[no-untyped-call]
+        return await pipe.execute(raise_on_error=False)
 
 
 async def drive(call: Callable[[int], Awaitable[Any]], count: int, in_flight: int) -> None:
@@ -74,8 +100,11 @@ async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int
             return cast(Awaitable[Any], client.evalsha(sha, 3, *keys[i], *costs))
 
         close = client.aclose
-    elif mode == "batched":
+    elif mode in ("batched", "pipeline"):
         runner = make_runner(settings)
+        if mode == "pipeline":
+            assert isinstance(runner, PipelineRunner), "pipeline: one server only"
+            runner = PooledPipelineRunner(runner.client, runner.timeout)
 
         def call(i: int) -> Awaitable[Any]:
             return runner.run(script, keys[i], costs)
@@ -98,14 +127,62 @@ async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int
     return out
 
 
+async def seam(url: str, count: int) -> dict[str, float]:
+    import hiredis
+    from redis.asyncio.connection import Connection
+
+    client = Redis.from_url(url)
+    sha = await client.script_load("return 1")
+    packed = hiredis.pack_command(cast(Any, (b"EVALSHA", sha.encode(), 0)))
+    port = int(url.rsplit(":", 1)[1])
+    # Any: redis-py leaves connect() and the stream writer and parser unannotated
+    timed: Any = Connection(port=port, socket_timeout=5.0)
+    bare: Any = Connection(port=port, socket_timeout=None)
+    await timed.connect()
+    await bare.connect()
+
+    async def api() -> None:
+        await client.evalsha(sha, 0)
+
+    async def connection_timed() -> None:
+        await timed.send_packed_command(packed, check_health=False)
+        await timed.read_response()
+
+    async def connection() -> None:
+        await bare.send_packed_command(packed, check_health=False)
+        await bare.read_response()
+
+    async def parser() -> None:
+        bare._writer.write(packed)
+        await bare._parser.read_response()
+
+    out: dict[str, float] = {}
+    ways: dict[str, Callable[[], Awaitable[None]]] = {
+        "client API": api, "Connection, socket_timeout 5 s": connection_timed,
+        "Connection, socket_timeout None": connection, "its parser alone": parser}
+    for name, way in ways.items():
+        for _ in range(500):
+            await way()
+        started = time.process_time()
+        for _ in range(count):
+            await way()
+        out[name] = (time.process_time() - started) / count * 1e6
+    await client.aclose()
+    await timed.disconnect()
+    await bare.disconnect()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decisions", type=int, default=20_000)
-    parser.add_argument("--in-flight", type=int, default=50)
+    parser.add_argument("--in-flight", default="1,50", help="decisions in flight, one run each: 1,50")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
-    parser.add_argument("--modes", default="unbatched,batched,limiter")
+    parser.add_argument("--modes", default="unbatched,pipeline,batched,limiter")
+    parser.add_argument("--repeat", type=int, default=1, help="run the list of modes this many times, in turn")
     parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three primaries")
+    parser.add_argument("--seam", action="store_true", help="lone calls through redis-py's API, Connection, parser")
     args = parser.parse_args()
     servers = RedisCluster() if args.cluster else RedisProcess()
     servers.start()
@@ -118,20 +195,31 @@ def main() -> None:
                 os.sched_setaffinity(proc.process.pid, {cores[-1]})
         os.sched_setaffinity(0, set(cores[:-1]))
     try:
-        where = "Cluster" if args.cluster else "one server"
-        print(f"| client CPU per decision ({where}, {args.loop}, {args.in_flight} in flight), µs "
-              "| median | least | rounds |")
-        print("| --- | ---: | ---: | --- |")
-        for mode in args.modes.split(","):
-            coro = measure(url, args.cluster, mode, args.decisions, args.in_flight, args.rounds)
-            if args.loop == "uvloop":
-                import uvloop
+        if args.seam:
+            import redis
+            import uvloop
 
-                results = uvloop.run(coro)
-            else:
-                results = asyncio.run(coro)
-            rounds = " ".join(f"{r:.1f}" for r in results)
-            print(f"| {mode} | {statistics.median(results):.1f} | {min(results):.1f} | {rounds} |", flush=True)
+            found = uvloop.run(seam(url, 5000))
+            print(f"| redis-py {redis.__version__}, CPU per lone EVALSHA, µs | "
+                  + " | ".join(f"{k}: {v:.1f}" for k, v in found.items()) + " |")
+            return
+        where = "Cluster" if args.cluster else "one server"
+        print(f"| client CPU per decision ({where}, {args.loop}), µs | in flight | median | least | rounds |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        modes = [m for m in args.modes.split(",") if not (args.cluster and m == "pipeline")]
+        for in_flight in [int(n) for n in args.in_flight.split(",")]:
+            for _ in range(args.repeat):
+                for mode in modes:
+                    coro = measure(url, args.cluster, mode, args.decisions, in_flight, args.rounds)
+                    if args.loop == "uvloop":
+                        import uvloop
+
+                        results = uvloop.run(coro)
+                    else:
+                        results = asyncio.run(coro)
+                    rounds = " ".join(f"{r:.1f}" for r in results)
+                    print(f"| {mode} | {in_flight} | {statistics.median(results):.1f} | {min(results):.1f} "
+                          f"| {rounds} |", flush=True)
     finally:
         servers.stop()
 

@@ -19,6 +19,13 @@ Every rule's limit is far above the load, so all contenders measure the admit pa
 error statuses (>= 400) proves it and is reported, and for the gateway so are its own
 `gateway_requests_total` outcomes from /metrics.
 
+Low load: most gateways spend most of their day with a few requests in flight, where batching
+gives nothing. At 1 and 8 connections (wrk -t1 --latency, `--low-load-duration` s each) the
+upstream direct, nginx, the fair peer, and gateway-1 on a route with no limits (/open/...) and on
+its 3-rule route are measured for p50, p99 and the server's CPU per request; gateway-1's two routes
+also at the main load, so a decision's own CPU (3-rule minus no-limit, per request) is known both
+alone and batched.
+
 The upstream is a separate nginx (1 worker) answering `return 200 "ok"`; Redis is a dedicated
 redis-server with persistence off. Load: wrk -t2 -c50, a short warm-up, then the measured run.
 Afterwards the gateway (1 worker) is profiled under the same load, alone on one CPU: py-spy (when
@@ -84,6 +91,16 @@ DOC_END = "<!-- bench:results:end -->"
 TARGET_NAIVE = 10.0   # gateway (1 worker) at least 10x the naive forwarder
 TARGET_NGINX = 0.10   # ... and at least 0.10 of nginx's throughput, same run
 TARGET_PEER = 1.5     # ... and at least 1.5x the fair peer (Starlette + aiohttp + redis-py)
+TARGET_LONE_P50 = 1.3  # at 1 connection: the 3-rule route's p50 at most 1.3x the no-limit route's
+TARGET_LONE_CPU = 2.0  # a lone decision's worker CPU at most 2x a batched one's
+OPEN_PREFIX = "/open"  # gateway routes: /open/... has no limits, everything else the 3-rule route
+LOW_LOAD = {  # row label: (contender whose process serves it, path prefix)
+    "upstream direct (nginx return 200)": ("upstream", ""),
+    "nginx proxy_pass + limit_req (1 worker)": ("nginx", ""),
+    "fair peer (1 worker)": ("peer", ""),
+    "gateway, a route with no limits (1 worker)": ("gateway-1", OPEN_PREFIX),
+    "gateway, 3-rule route (1 worker)": ("gateway-1", ""),
+}
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -385,6 +402,9 @@ upstreams:
     connect_timeout: 1s
     max_connections: 512
 routes:
+  - name: open               # no limits: the proxy alone, for the low-load table
+    match: {{path: "/open/{{rest:path}}"}}
+    upstream: upstream
   - name: bench
     match: {{path: "/{{rest:path}}"}}
     upstream: upstream
@@ -465,6 +485,26 @@ class Load:
     connections: int
     duration: float
     warmup: float
+
+
+def low_load(running: Running, label: str, prefix: str, connections: list[int], duration: float,
+             main_load: Load, shared: dict[str, list[int]], redis_port: int) -> dict[str, dict[str, float]]:
+    """p50, p99 and the serving processes' CPU per request at each number of connections (wrk -t1);
+    for the gateway's routes also at the main load (the batched reference)."""
+    out = {}
+    at = running.url + prefix
+    loads = [Load(1, n, duration, min(1.0, duration)) for n in connections]
+    if running.metrics_url:  # the gateway: both routes under the main load too, for the decision's own CPU
+        loads.append(Load(main_load.threads, main_load.connections, duration, min(1.0, duration)))
+    for load in loads:
+        wait_quiet(0.3, longest=5)
+        r = measure(Running(at, running.process), load, shared, redis_port)
+        out[str(load.connections)] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "rps": r["rps"],
+                                      "cpu_us_per_request": r["proxy_cpu_us_per_request"],
+                                      "error_statuses": r["error_statuses"], "other": r["cpu_cores"]["other"]}
+        print(f"   {label}, {load.connections} connection(s): p50 {r['p50_ms'] * 1000:.0f} µs, "
+              f"p99 {r['p99_ms'] * 1000:.0f} µs, {r['proxy_cpu_us_per_request']:.0f} µs CPU/request", flush=True)
+    return out
 
 
 def wrk(url: str, load: Load, duration: float, cpus: set[int] | None = None) -> dict[str, Any]:
@@ -720,6 +760,53 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def low_load_ratios(low: dict[str, dict[str, dict[str, float]]], main_connections: int) -> dict[str, Any]:
+    """The low-load bars: the 3-rule route's p50 at 1 connection over the no-limit route's, and a
+    decision's own worker CPU (3-rule minus no-limit, per request) alone (1 connection) over batched
+    (the main load)."""
+    out: dict[str, Any] = {}
+    limited = low.get("gateway, 3-rule route (1 worker)", {})
+    open_ = low.get("gateway, a route with no limits (1 worker)", {})
+    if "1" in limited and "1" in open_:
+        value = limited["1"]["p50_ms"] / open_["1"]["p50_ms"]
+        out["3-rule p50 / no-limit p50, 1 connection"] = {"value": value, "target": TARGET_LONE_P50,
+                                                          "pass": value <= TARGET_LONE_P50, "at_most": True}
+    main = str(main_connections)
+    if "1" in limited and "1" in open_ and main in limited and main in open_:
+        lone = limited["1"]["cpu_us_per_request"] - open_["1"]["cpu_us_per_request"]
+        batched = limited[main]["cpu_us_per_request"] - open_[main]["cpu_us_per_request"]
+        value = lone / batched if batched > 0 else float("inf")
+        out[f"decision CPU alone / batched ({main} connections)"] = {
+            "value": value, "target": TARGET_LONE_CPU, "pass": value <= TARGET_LONE_CPU, "at_most": True,
+            "lone_us": lone, "batched_us": batched}
+    return out
+
+
+def low_load_markdown(report: dict[str, Any]) -> list[str]:
+    low = report.get("low_load")
+    if not low:
+        return []
+    counts = sorted({int(n) for rows in low.values() for n in rows} - {report["load"]["connections"]})
+    lines = ["", f"Low load: wrk -t1 -c1 and -c8 --latency, {report.get('low_load_duration', 0):g}s each "
+             "(server CPU: all its processes, per request).", "",
+             "| at low load | " + " | ".join(f"p50 µs, {n} conn | p99 µs, {n} conn | CPU µs/request, {n} conn"
+                                             for n in counts) + " |",
+             "| --- | " + " | ".join("---: | ---: | ---:" for _ in counts) + " |"]
+    for label, rows in low.items():
+        cells = []
+        for n in counts:
+            r = rows.get(str(n))
+            cells.append("- | - | -" if r is None else
+                         f"{r['p50_ms'] * 1000:.0f} | {r['p99_ms'] * 1000:.0f} | {r['cpu_us_per_request']:.0f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    main = str(report["load"]["connections"])
+    for label, rows in low.items():
+        if main in rows:
+            lines += ["", f"- {label} at {main} connections: {rows[main]['cpu_us_per_request']:.0f} µs CPU/request, "
+                      f"{rows[main]['rps']:,.0f} requests/s."]
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     results = report["results"]
     lines = [
@@ -764,9 +851,10 @@ def markdown(report: dict[str, Any]) -> str:
     lines.append("| ratio | value | target | result |")
     lines.append("| --- | ---: | ---: | --- |")
     for key, r in report["ratios"].items():
-        target = f">= {r['target']:g}" if "target" in r else "(reference)"
+        target = f"{'<=' if r.get('at_most') else '>='} {r['target']:g}" if "target" in r else "(reference)"
         verdict = ("**PASS**" if r["pass"] else "**FAIL**") if "pass" in r else ""
         lines.append(f"| {key} | {r['value']:.2f} | {target} | {verdict} |")
+    lines += low_load_markdown(report)
     m = report["machine"]
     lines += [
         "",
@@ -815,8 +903,10 @@ def print_table(report: dict[str, Any]) -> None:
     print()
     for key, r in report["ratios"].items():
         verdict = ("PASS" if r["pass"] else "FAIL") if "pass" in r else "(reference)"
-        target = f"target >= {r['target']:g}" if "target" in r else ""
+        target = f"target {'<=' if r.get('at_most') else '>='} {r['target']:g}" if "target" in r else ""
         print(f"{key:<22} {r['value']:>7.2f}  {target:<16} {verdict}")
+    for line in low_load_markdown(report):
+        print(line)
     if report.get("profile"):
         print()
         print(render_breakdown(report["profile"], markdown=False))
@@ -857,6 +947,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", metavar="PATH",
                         help="measure nothing: print and render a saved run (bench/out/*.json), rewriting "
                              "the docs block unless --no-docs")
+    parser.add_argument("--low-load", default="1,8", help="connections of the low-load table ('' for none)")
+    parser.add_argument("--low-load-duration", type=float, default=5.0, help="seconds per low-load cell (5)")
     parser.add_argument("--max-other", type=float, default=0.3,
                         help="CPU cores busy with other work above which a measurement is taken again, "
                              "once, keeping the quieter of the two (0.3)")
@@ -885,7 +977,10 @@ def main(argv: list[str] | None = None) -> int:
         "load": vars(load),
         "machine": machine(),
         "results": {},
+        "low_load": {},
+        "low_load_duration": args.low_load_duration,
     }
+    low_counts = [int(n) for n in args.low_load.split(",") if n.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     procs = Processes(tmp)
     try:
@@ -895,6 +990,12 @@ def main(argv: list[str] | None = None) -> int:
                                    upstream_server(upstream_port))
             redis = start_redis(procs, tmp / "redis", redis_port)
             shared = {"upstream": descendants(upstream.pid), "redis": [redis.pid]}
+            if low_counts:
+                print("== low load: the upstream direct", flush=True)
+                direct = Running(f"http://127.0.0.1:{upstream_port}", upstream)
+                label = next(iter(LOW_LOAD))
+                report["low_load"][label] = low_load(direct, label, "", low_counts, args.low_load_duration,
+                                                     load, {"redis": [redis.pid]}, redis_port)
             for name in CONTENDERS:
                 if name not in chosen:
                     continue
@@ -922,6 +1023,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   {result['rps']:,.0f} req/s, p99 {result['p99_ms']:.2f} ms, "
                           f"{result['error_statuses']} error statuses, socket errors {result['socket_errors']}",
                           flush=True)
+                    for label, (serving, prefix) in LOW_LOAD.items():
+                        if serving == name and low_counts:
+                            report["low_load"][label] = low_load(running, label, prefix, low_counts,
+                                                                 args.low_load_duration, load, shared, redis_port)
                     if name == "gateway-1" and not args.no_profile:
                         print("== profiling gateway-1 (alone on one CPU): py-spy, then perf", flush=True)
                         with worker_alone(running, shared) as cpus:
@@ -935,7 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
 
-    report["ratios"] = ratios(report["results"])
+    report["ratios"] = {**ratios(report["results"]), **low_load_ratios(report["low_load"], load.connections)}
     report["finished"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     stamp = started.strftime("%Y%m%dT%H%M%S")
     for path in (OUT / f"results-{stamp}.json", OUT / "latest.json"):

@@ -1,6 +1,7 @@
-"""What counting by the answer costs Redis: calls and script time per request, a plain rule against
-a `count_on` rule (check at admission + charge after the answer) and a `refund_on` rule whose
-request is refunded (admission + refund).
+"""What counting by the answer and concurrency leases cost Redis: calls and script time per request,
+a plain rule against a `count_on` rule (check at admission + charge after the answer), a `refund_on`
+rule whose request is refunded (admission + refund), and a `concurrency` rule (admission + the
+give-back, one lua/leases.lua call).
 
     .venv/bin/python bench/settlement.py [--requests 5000]
 
@@ -21,6 +22,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.config import RedisSettings, Rule, Source
+from gateway.leases import new_token
 from gateway.limiter import Limiter, rule_spec
 from gateway.redis import make_runner
 from tests.support.redis_proc import RedisProcess, binaries
@@ -34,6 +36,7 @@ CASES = {
         Rule("r", BY, "fixed_window", limit=5, window=900.0, refund_on=frozenset(range(500, 600))), -1),
     "token_bucket refund_on: admission + refund": (
         Rule("r", BY, "token_bucket", rate=1.0, burst=5, refund_on=frozenset(range(500, 600))), -1),
+    "concurrency: admission + give-back": (Rule("r", BY, "concurrency", limit=5), 0),
 }
 
 
@@ -46,6 +49,11 @@ async def run(limiter: Limiter, rule: Rule, settle: int | None, requests: int, t
     spec = rule_spec(rule)
     for i in range(requests):
         key = f"b:{{{tag}}}:r:{i}"
+        if rule.algorithm == "concurrency":
+            token = new_token()
+            await limiter.decide([spec], [key], [1], lease=token)
+            await limiter.leases(True, [key], [token, 1, spec.p2])
+            continue
         await limiter.decide([spec], [key], [1])
         if settle is not None:
             await limiter.decide([spec.settling()], [key], [settle])

@@ -62,12 +62,6 @@ def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
 EXACT_SPAN_US = 86_400 * 1_000_000
 
 
-def sliding_window_digits(limit: int) -> int:
-    """Decimal digits of the largest cantor(current, previous) a sliding_window of `limit` stores."""
-    most = 2 * limit
-    return len(str(most * (most + 1) // 2 + limit))
-
-
 class _Dollar(Template):
     delimiter = "@"
 
@@ -205,10 +199,9 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         split = modulus = 1
         exact = "true"
         if p1 < 2**24:
-            digits = sliding_window_digits(p1)
+            digits = len(str((p1 + 1) ** 2 - 1))  # of the largest current * (limit + 1) + previous
             split, modulus = 1 + digits, 10 ** (18 - digits)
-            pack = (f"fmt('1%0{digits}d%0{18 - digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
-                    f"wid % {modulus}), last_ms")
+            pack = f"fmt('1%0{digits}d%0{18 - digits}d', c * {p1 + 1} + prev, wid % {modulus}), last_ms"
             exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
         else:
             pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
@@ -216,7 +209,7 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, split=split, modulus=modulus,
-            exact=exact, **modes)
+            exact=exact, base=p1 + 1, **modes)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 

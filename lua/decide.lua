@@ -26,8 +26,8 @@
 -- writes only if every enforced rule admits. State, one key per rule and identity, every key with
 -- a TTL but a quota's without period:
 --   fixed_window, quota   the count; expires at the last millisecond of its window (period)
---   sliding_window        one 19-digit integer: '1', cantor(current, previous) in @a digits, the
---                         window number mod 10^@d in @d digits (a + d = 18: below 2^63, so Redis
+--   sliding_window        one 19-digit integer: '1', current * (limit + 1) + previous in a digits,
+--                         the window number mod 10^d in d digits (a + d = 18: below 2^63, so Redis
 --                         keeps it as an integer); "window:current:previous" when limit >= 2^24;
 --                         expires with the next window
 --   sliding_log           sorted set, one member per admitted unit, scored by its time
@@ -71,7 +71,8 @@ local P = {struct.unpack('@format', ARGV[#ARGV])}
 -- departure slots and leaves at the first (wait = ahead).
 local a@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
   local ok, retry, wait = false, -1, 0
 @read_state
   local ahead = tat - now
@@ -132,7 +133,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- fixed_window, or quota with a period: at most @limit in each window of @window µs
 local a@i, b@i, f@i, g@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
   local ok, retry, wait = false, -1, 0
   local count = v and tonumber(v) or 0
   if not (count >= 0 and count < 9e15) then count = 0 end   -- not ours (nan, negative): as absent
@@ -162,7 +164,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- quota without a period: @limit in all, until an operator resets it
 local a@i, b@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local v, cost = values[@i], tonumber(ARGV[@i])
+  local v, cost = values[@i], ARGV[@i]
+  cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
   local ok, retry, wait, reset = false, -1, 0, -1
   local count = v and tonumber(v)
   local add = count ~= nil               -- INCRBY the count, or SET it where the value is not ours
@@ -196,7 +199,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- by how much of it still overlaps
 local a@i, b@i, f@i, g@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
   local ok, retry, wait = false, -1, 0
   local elapsed = now % @window
   local wid = (now - elapsed) / @window
@@ -205,19 +209,26 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
   local rel, sc, sp, exact = nil, 0, 0, true
   if v then
-    local num
     if #v == 19 and string.byte(v) == 49 then   -- '1', the counts' pair, the window number
-      num = tonumber(string.sub(v, 2, @split))
-      local lo = tonumber(string.sub(v, @split + 1))
-      if num and lo then rel, exact = (wid - lo) % @modulus, @exact else num = nil end
+      local pair, lo = tonumber(string.sub(v, 2, @split)), tonumber(string.sub(v, @split + 1))
+      if pair and lo then
+        sp = pair % @base
+        sc = (pair - sp) / @base
+        rel, exact = (wid - lo) % @modulus, @exact
+      end
     else
-      num = tonumber(v)
+      local num = tonumber(v)
       if num and not (num >= 0 and num < 9e15 and num % 1 == 0) then
-        num = nil                      -- not ours (nan, negative, fractional): as absent
+        -- not ours (nan, negative, fractional): as absent
       elseif num then                  -- the earlier format: cantor(current, previous) * 4 + wid mod 4
         local w4 = num % 4
         num = (num - w4) / 4
         rel, exact = (wid - w4) % 4, false
+        local s = floor((sqrt(8 * num + 1) - 1) / 2)
+        while s * (s + 1) / 2 > num do s = s - 1 end
+        while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
+        sp = num - s * (s + 1) / 2
+        sc = s - sp
       else
         local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
         if sw then
@@ -225,13 +236,6 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
           if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
         end
       end
-    end
-    if num then
-      local s = floor((sqrt(8 * num + 1) - 1) / 2)
-      while s * (s + 1) / 2 > num do s = s - 1 end
-      while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
-      sp = num - s * (s + 1) / 2
-      sc = s - sp
     end
   end
   -- Not exact: the window number is kept modulo a number of windows shorter than a day
@@ -311,7 +315,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- sliding_log: at most @limit in any window (now - @window, now], one sorted-set member per unit
 local a@i, b@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], tonumber(ARGV[@i])
+  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
   local ok, retry, wait = false, -1, 0
   local count, edge, exists = 0, '(' .. fmt('%d', now - @window), false
   if not v then

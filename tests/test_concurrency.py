@@ -149,3 +149,32 @@ def test_racing_gateways_never_let_more_than_the_limit_in(
     finally:
         codes = [g.stop() for g in gateways]
         assert codes == [0] * len(gateways)
+
+
+def test_a_redis_outage_during_a_give_back_never_holds_a_slot_past_its_lease(
+        tmp_path: Path, upstream_own: Upstream) -> None:
+    own = RedisProcess()
+    own.start()
+    prefix = f"c{uuid.uuid4().hex[:8]}"
+    gateway = start(tmp_path, own.url, upstream_own, prefix, limit=1, lease="3s")
+    key = f"{prefix}:{{work}}:busy:frank"
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.get, gateway.url + "/inflight", params={"delay": 0.6},
+                                  headers={"X-User": "frank"}, timeout=10)
+            wait_until(lambda: slots(own.url, key) == 1, timeout=5)
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)  # Redis hangs while the answer comes back
+            try:
+                assert pending.result().status_code == 200
+                time.sleep(1.5)  # the give-back timed out (500ms), and its retry a second later too
+            finally:
+                own.process.send_signal(signal.SIGCONT)
+        failures = httpx.get(gateway.admin_url + "/metrics").text
+        assert 'gateway_lease_failures_total{kind="release",route="work",rule="busy"}' in failures
+        wait_until(lambda: slots(own.url, key) == 0 or httpx.get(
+            gateway.url + "/inflight", params={"delay": 0}, headers={"X-User": "frank"}).status_code == 200,
+            timeout=6)  # given back by the retry, or freed when its lease ran out: never held for good
+    finally:
+        assert gateway.stop() == 0
+        own.stop()

@@ -177,3 +177,39 @@ def test_every_url_gets_connections_that_pack_with_hiredis(url: str, db: int) ->
     assert pool.connection_kwargs["socket_connect_timeout"] == 0.05
     packed = pool.make_connection().pack_command(b"EVALSHA", b"ab", 1, "k", 7)  # type: ignore[no-untyped-call]
     assert packed == [b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"]
+
+
+def test_decisions_of_many_ticks_go_over_one_connection_in_growing_batches(redis_proc: RedisProcess) -> None:
+    """One server: every decision of a worker goes over one connection, whatever the load; calls
+    that come while a batch is on the wire ride together in the next one."""
+    key = _key()
+
+    async def main() -> tuple[int, int]:
+        runner = make_runner(RedisSettings(url=redis_proc.url, timeout=2.0))
+        assert isinstance(runner, PipelineRunner)
+        limiter = Limiter(runner)
+        big = [rule_spec(Rule("stock", (), "quota", limit=10_000))]
+        await limiter.decide(big, [key], [1])
+        sizes = []
+        pipeline = runner._pipeline
+
+        async def counting(commands: Sequence[tuple[bytes | str | int, ...]]) -> list[Any]:
+            sizes.append(len(commands))
+            return await pipeline(commands)
+
+        runner._pipeline = counting  # type: ignore[method-assign]
+
+        async def client(n: int) -> None:  # a connection of a busy gateway: one request after another
+            for i in range(10):
+                await asyncio.sleep((n * 7 + i * 3) % 10 / 10_000)  # each at its own pace
+                assert (await limiter.decide(big, [key], [1])).admitted
+
+        await asyncio.gather(*[client(n) for n in range(100)])
+        deciding = [c for c in redis_proc.client().client_list() if c["cmd"] == "evalsha"]
+        await limiter.close()
+        return len(deciding), max(sizes)
+
+    connections, biggest = asyncio.run(main())
+    assert connections == 1
+    assert biggest > 1  # under load the calls of many ticks were batched
+    assert redis_proc.client().get(key) == b"1001"
