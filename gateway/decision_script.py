@@ -189,12 +189,12 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         split = modulus = 1
         exact = "true"
         if p1 < 2**24:
-            digits = sliding_window_digits(p1)
+            digits = len(str((p1 + 1) ** 2 - 1))  # as the file's script below packs it
             split, modulus = 1 + digits, 10 ** (18 - digits)
             exact = "true" if modulus * p2 >= EXACT_SPAN_US else "false"
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
-            float_slack=given["float_slack"], split=split, modulus=modulus, exact=exact, **modes)
+            float_slack=given["float_slack"], split=split, modulus=modulus, exact=exact, base=p1 + 1, **modes)
     if algorithm == "sliding_window":
         split = modulus = 1
         exact = "true"
