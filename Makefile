@@ -22,14 +22,16 @@ $(DEV_STAMP): pyproject.toml | $(VENV)/bin/python
 	touch $(DEV_STAMP) $(RUN_STAMP)
 
 # Debian packages the tests and the benchmark use when present: faketime (moves Redis's clock),
-# Redis 7 (second server version), nginx + wrk (benchmark). Installed only when missing and root.
+# Redis 7 (second server version), promtool (the chart's alerts), nginx + wrk (benchmark). Installed only
+# when missing and root.
 system-deps:
 	@bash scripts/system-deps.sh
 
+# The backend and the gateway, stopped together by a signal to make, to the script or to the group
+# (scripts/run.py says how). RUN_ARGS: e.g. --port 8081 --admin-port 9091 --backend-port 9001
+RUN_ARGS ?=
 run: $(RUN_STAMP)
-	$(PY) -m gateway.example_backend --port 9000 & \
-	  BACKEND=$$!; trap "kill $$BACKEND 2>/dev/null" EXIT INT TERM; \
-	  $(VENV)/bin/gateway serve --config routes.yaml --port 8080 --admin-port 9090
+	exec $(PY) scripts/run.py $(RUN_ARGS)
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench

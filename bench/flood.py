@@ -190,7 +190,7 @@ def phase(name: str, procs: Processes, tmp: Path, upstream_port: int, redis_port
         for status, count in c.statuses.items():
             statuses[status] = statuses.get(status, 0) + count
     honest_requests = len(latencies)
-    refused = outcomes.get("refused", 0.0) + outcomes.get("refused_locally", 0.0)
+    refused = outcomes.get("refused", 0.0)  # from Redis or from memory (refused_locally, a part of it)
     abuser_calls = calls - honest_requests
     result.update({
         "duration_s": duration,

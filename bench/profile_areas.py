@@ -33,7 +33,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "uvicorn/", "httptools/", "gateway/http/server.py",
     )),
     ("request checks (gateway/http/request.py)", ("gateway/http/request.py",)),
-    ("gateway app code (match, identity, guard, limiter, responses)", ("gateway/",)),
+    ("gateway app code (match, identity, pipeline, limiter, responses)", ("gateway/",)),
 )
 # Native frames (py-spy --native) that are an area of their own wherever they are on the stack.
 GC_FUNCTIONS = frozenset({"gc_collect_main", "gc_collect_with_callback", "gc_collect_generations"})

@@ -73,10 +73,9 @@ REQUEST_PATH = "/api/items/42"
 USER_HEADER = ("X-User-Id", "bench-user")
 CONTENDERS = ("nginx", "nginx-2", "naive", "peer", "gateway-1", "gateway-2", "gateway-uvicorn", "gateway-httpx")
 # The gateway (1 worker) with the libraries' own implementation in place of each lean part behind
-# its seam: uvicorn's httptools protocol (GATEWAY_HTTP) and httpx's AsyncHTTPTransport
-# (GATEWAY_UPSTREAM_TRANSPORT). Comparison only: both fail parts of tests/conformance.
-COMPARISONS = {"gateway-uvicorn": {"GATEWAY_HTTP": "uvicorn"},
-               "gateway-httpx": {"GATEWAY_UPSTREAM_TRANSPORT": "httpx"}}
+# its seam: uvicorn's httptools protocol and httpx's AsyncHTTPTransport, built by
+# tests/support/comparison_gateway.py (no product setting selects them: both fail parts of tests/conformance).
+COMPARISONS = {"gateway-uvicorn": ["--http", "uvicorn"], "gateway-httpx": ["--transport", "httpx"]}
 LABELS = {
     "nginx": "nginx proxy_pass + limit_req (1 worker)",
     "nginx-2": "nginx proxy_pass + limit_req (2 workers)",
@@ -439,10 +438,12 @@ def start_contender(name: str, procs: Processes, tmp: Path, upstream_port: int, 
     config = tmp / f"{name}.yaml"
     config.write_text(GATEWAY_CONFIG.format(upstream_port=upstream_port))
     admin_port = free_port()
-    gateway = shutil.which("gateway", path=str(Path(sys.executable).parent)) or "gateway"
-    args = [gateway, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+    launcher = [sys.executable, "-m", "gateway"]
+    if name in COMPARISONS:
+        launcher = [sys.executable, "-m", "tests.support.comparison_gateway", *COMPARISONS[name]]
+    args = [*launcher, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
             "--admin-port", str(admin_port), "--workers", str(workers), "--redis-url", redis_url]
-    env = dict(os.environ, GATEWAY_LOG_LEVEL="warning", GATEWAY_DRAIN_TIMEOUT="2", **COMPARISONS.get(name, {}))
+    env = dict(os.environ, GATEWAY_LOG_LEVEL="warning", GATEWAY_DRAIN_TIMEOUT="2", PYTHONPATH=str(ROOT))
     process = procs.start(name, args, env=env, cwd=tmp)
     admin = f"http://127.0.0.1:{admin_port}"
     wait_for(lambda: http_get(admin + "/readyz")[0] == 200, "/readyz 200", process, procs, name)
@@ -464,6 +465,8 @@ def gateway_outcomes(metrics_url: str) -> dict[str, float]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
             key = labels.get("outcome", "?")
             out[key] = out.get(key, 0.0) + float(m.group(2))
+            if labels.get("decided_by") == "memory":  # refusals answered from the worker's memory
+                out["refused_locally"] = out.get("refused_locally", 0.0) + float(m.group(2))
         m = re.match(r'gateway_rule_decisions_total\{([^}]*)\} (\S+)', line)
         if m and 'outcome="refused"' in m.group(1):
             out["rule_refusals"] = out.get("rule_refusals", 0.0) + float(m.group(2))

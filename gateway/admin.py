@@ -11,9 +11,17 @@ key, reload.
                                              total over them and each shard's (docs/scaling.md)
     DELETE /limits/{route}/{rule}?key=...    reset it (in every shard)
     POST   /reload                           validate routes.yaml and swap it in
+    GET    /overrides                        every rule's count of per-identity overrides, and a page
+                                             of them all (?cursor=&limit=)
+    GET    /overrides/{route}/{rule}         its overrides, paged (?cursor=&limit=); ?key=: one
+    PUT    /overrides/{route}/{rule}?key=... replace the rule's parameters for one identity (JSON body
+                                             of the rule's own parameters, or {"unlimited": true})
+    DELETE /overrides/{route}/{rule}?key=... remove one (gateway/overrides.py)
 
-Writes (DELETE, POST) need `Authorization: Bearer <admin.token>` when a token is configured (401
-without it); with no token they are accepted from loopback peers only (403 from anywhere else).
+Writes (DELETE, POST, PUT) need `Authorization: Bearer <admin.token>` when a token is configured (401
+without it); with no token they are accepted from loopback peers only, naming a loopback Host, and
+without an Origin other than the admin's own (403 otherwise: no CSRF from a page in the operator's
+browser, no DNS rebinding).
 
 The admin sees the gateway through `AdminControl` and Redis only through the `Limiter`
 (`ping`, `reset`, `decide`): it never talks to a Redis connection itself.
@@ -24,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import os
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -40,23 +50,33 @@ from gateway import metrics
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token, shard_tags, state_key
-from gateway.limiter import Decision, Outcome
+from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.responses import problem
+from gateway.top import MAX_WINDOW
+from gateway.units import parse_duration
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
     from gateway.settings import Settings
+    from gateway.top import TopRefused
 
 A = TypeVar("A")
 T = TypeVar("T")
+# an identity token (gateway.keys.identity_token) that is not a value a client could have sent as
+# is: the digest form; a readable token is its own key= value already
+_TOKEN = re.compile(rb"^~[A-Za-z0-9_-]{20}$")
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 
 class AdminControl(Protocol):
-    """What the admin port needs from the gateway (gateway.app.Gateway is one)."""
+    """What the admin port needs from the gateway (gateway.lifecycle.Lifecycle is one)."""
 
     @property
     def runtime(self) -> Runtime | None: ...
+
+    @property
+    def top(self) -> TopRefused: ...
 
     @property
     def ready(self) -> bool: ...
@@ -97,10 +117,34 @@ def write_refusal(control: AdminControl, request: Request) -> Response | None:
         return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
                                 headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
     peer = request.client.host if request.client else None
-    if is_loopback(peer):
-        return None
-    return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
-                                 "set admin.token to allow them from elsewhere")
+    if not is_loopback(peer):
+        return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
+                                     "set admin.token to allow them from elsewhere")
+    # From loopback, a browser may still be the one asking: a page elsewhere posting to 127.0.0.1
+    # (CSRF: it names its own Origin), or a hostile name rebound to 127.0.0.1 (its Host is that name)
+    host = request.headers.get("host", "")
+    if not is_loopback_host(host):
+        return problem_response(403, "admin writes without admin.token need a loopback Host "
+                                     "(localhost, 127.0.0.1 or [::1]); set admin.token to allow others")
+    origin = request.headers.get("origin")
+    if origin is not None and origin.lower() != f"{request.url.scheme}://{host}".lower():
+        return problem_response(403, "admin writes without admin.token are not accepted from another site's page")
+    return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """A Host field naming this machine: localhost or a loopback address, with an optional port."""
+    name, port = host, ""
+    if host.startswith("["):
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    elif ":" in host:
+        name, _, port = host.rpartition(":")
+    if port and not (port.isdigit() and port.isascii()):
+        return False
+    return name.lower() == "localhost" or is_loopback(name)
 
 
 def rule_parameters(rule: Rule) -> dict[str, Any]:
@@ -108,6 +152,9 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
     if rule.algorithm in BUCKET_ALGORITHMS:
         out["rate_per_second"] = rule.rate
         out["burst"] = rule.burst
+    elif rule.algorithm == "concurrency":
+        out["limit"] = rule.limit
+        out["lease_seconds"] = rule.lease
     else:
         out["limit"] = rule.limit
         key = "period_seconds" if rule.algorithm == "quota" else "window_seconds"
@@ -116,6 +163,11 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
     out["cost"] = f"header:{rule.cost_header}" if rule.cost_header else rule.cost
     if rule.cost_header:
         out["cost_default"] = rule.cost
+    if rule.cost_response_header:
+        out["cost"] = f"response_header:{rule.cost_response_header}"
+    for name in ("count_on", "refund_on"):
+        if getattr(rule, name):
+            out[name] = sorted(getattr(rule, name))
     out.update(status=rule.status, shadow=rule.shadow, on_missing=rule.on_missing)
     return out
 
@@ -201,10 +253,16 @@ def admin_app(control: AdminControl) -> Starlette:
                 return refused
         rule = plan.rules[index]
         values = [v.encode() for v in request.query_params.getlist("key")]
-        if len(values) != len(rule.by):
+        if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
+            values = values[0].split(b":")  # a readable token of several parts, as the access log names it
+        if len(values) == 1 and _TOKEN.match(values[0]) and rule.by and plan.shards == 1:
+            token = values[0].decode()  # an identity token, as the access log and GET /top name it
+        elif len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
-            return problem_response(400, f"give one key= per identity source of the rule ({sources})")
-        token = identity_token(values)
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
+                                         "or one identity token from the access log or /top")
+        else:
+            token = identity_token(values)
         prefix, tags = runtime.redis.key_prefix, shard_tags(route_name, plan.shards)
         split = plan.route.split[index]
         if split:  # a share of the rule in every shard
@@ -213,6 +271,13 @@ def admin_app(control: AdminControl) -> Starlette:
             first = plan.rules[0].by
             shards = [plan.shard_of([values[rule.by.index(s)] for s in first])] if plan.shards > 1 else [0]
         keys = [state_key(prefix, route_name, rule_name, token, tags[shard]) for shard in shards]
+        # this identity's override, as this worker applies it (gateway/overrides.py)
+        override = overridden(runtime.overrides.get(route_name), index, token)
+        specs = override.specs if override is not None and override.rule is not None else None
+
+        def spec_of(shard: int) -> RuleSpec:
+            return specs[shard] if specs else plan.shard_args[shard][index]
+
         try:
             if request.method == "DELETE":
                 deleted = await _each(keys, runtime.limiter.reset)
@@ -226,7 +291,7 @@ def admin_app(control: AdminControl) -> Starlette:
             limiter = runtime.limiter
 
             def peek(at: tuple[int, str]) -> Awaitable[Decision]:
-                return limiter.decide([plan.shard_args[at[0]][index]], [at[1]], [0], peek=True)
+                return limiter.decide([spec_of(at[0])], [at[1]], [0], peek=True)
 
             states = await _each(list(zip(shards, keys, strict=True)), peek)
         except RedisUnavailable as exc:
@@ -236,7 +301,7 @@ def admin_app(control: AdminControl) -> Starlette:
         per_shard = [{
             "shard": shard,
             "key": key,
-            "limit": plan.shard_args[shard][index].p1,
+            "limit": spec_of(shard).p1,
             "remaining": state.remaining,
             "reset_ms": state.reset_ms,
             "exhausted": exhausted,
@@ -247,11 +312,13 @@ def admin_app(control: AdminControl) -> Starlette:
             "rule": rule_name,
             "algorithm": rule.algorithm,
             "key": keys[0],
-            "limit": rule.quota_size,
+            "limit": override.rule.quota_size if override and override.rule else rule.quota_size,
             "remaining": sum(state.remaining for state in found),
             "reset_ms": -1 if min(resets) < 0 else max(resets),
             "exhausted": all(spent),
         }
+        if override is not None:
+            out["override"] = "unlimited" if override.rule is None else "numbers"
         if plan.shards > 1:
             out["shards"] = plan.shards
             out["split"] = split
@@ -261,6 +328,103 @@ def admin_app(control: AdminControl) -> Starlette:
             else:
                 out["shard"] = shards[0]
         return JSONResponse(out)
+
+    async def top(request: Request) -> Response:
+        route = request.query_params.get("route") or None
+        try:
+            window = parse_duration(request.query_params.get("window", "5m"))
+            limit = int(request.query_params.get("limit", "20"))
+        except ValueError as exc:
+            return problem_response(400, f"window is a duration (5m, 1h) and limit a whole number: {exc}")
+        if not 0 < window <= MAX_WINDOW or not 0 < limit <= 1000:
+            return problem_response(400, f"window may be up to {MAX_WINDOW // 60} minutes and limit up to 1000")
+        found = control.top.top(window, route, limit)
+        return JSONResponse({"route": route, "window_seconds": window, "top": [{
+            "route": r.route, "rule": r.rule, "identity": r.identity, "refusals": r.refusals,
+            "error": r.error} for r in found]})
+
+    async def list_overrides(request: Request) -> Response:
+        runtime = _runtime(control)
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        rules = [(route, rule) for route in runtime.config.routes for rule in route.limits]
+        limit = _page_limit(request)
+        at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
+        if limit is None or not (at.isdigit() and cursor.isdigit()):
+            return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+        index, listed = int(at), list[dict[str, Any]]()
+        try:
+            counts = await _each(rules, lambda rr: store.count(rr[0].name, rr[1].name))
+            while index < len(rules) and len(listed) < limit:
+                route, rule = rules[index]
+                nxt, pairs = ("0", []) if not counts[index] else await store.page(
+                    route.name, rule.name, cursor, limit - len(listed))
+                listed += [{"route": route.name, "rule": rule.name, "key": token, "override": json.loads(text)}
+                           for token, text in pairs]
+                index, cursor = (index + 1, "0") if nxt == "0" else (index, nxt)
+        except RedisUnavailable as exc:
+            return problem_response(503, f"Redis is unavailable: {exc}")
+        return JSONResponse({
+            "rules": [{"route": route.name, "rule": rule.name, "algorithm": rule.algorithm, "overrides": count,
+                       "max_overrides": rule.max_overrides}
+                      for (route, rule), count in zip(rules, counts, strict=True)],
+            "overrides": listed,
+            "next_cursor": f"{index}.{cursor}" if index < len(rules) else None,
+        })
+
+    async def one_override(request: Request) -> Response:
+        runtime = _runtime(control)
+        route_name, rule_name = request.path_params["route"], request.path_params["rule"]
+        plan = runtime.plans.get(route_name)
+        if plan is None:
+            return problem_response(404, f"no route {route_name[:100]!r}")
+        index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
+        if index is None:
+            return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+        if request.method in ("PUT", "DELETE"):
+            refused = write_refusal(control, request)
+            if refused is not None:
+                return refused
+        rule = plan.rules[index]
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        where = {"route": route_name, "rule": rule_name}
+        if request.method == "GET" and "key" not in request.query_params:
+            return await _override_page(store, where, request)
+        token = _override_token(request, rule)
+        if token is None:
+            sources = ", ".join(str(s) for s in rule.by) or "none: give key= empty"
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
+                                         "or one identity token from the access log or /top")
+        try:
+            if request.method == "GET":
+                text = await store.get(route_name, rule_name, token)
+                if text is None:
+                    return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
+                return JSONResponse(where | {"key": token, "override": json.loads(text)})
+            if request.method == "DELETE":
+                if not await store.delete(route_name, rule_name, token):
+                    return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
+                return JSONResponse(where | {"key": token, "deleted": True})
+            raw = await request.body()
+            if len(raw) > MAX_OVERRIDE_BODY:
+                return problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
+            try:
+                body = json.loads(raw)
+                parsed = parse_override(rule, body)
+                if parsed is not None:
+                    check_shards(plan, index, parsed)
+            except OverrideInvalid as exc:
+                return problem_response(400, f"invalid override of {rule.algorithm} rule {rule_name!r}: {exc}",
+                                        field=exc.field or None, **where)
+            except ValueError as exc:
+                return problem_response(400, f"the body is not JSON: {exc}", **where)
+            if not await store.put(route_name, rule_name, token, canonical(body), rule.max_overrides):
+                return problem_response(
+                    409, f"rule {route_name}/{rule_name} holds its max_overrides ({rule.max_overrides}) "
+                         "overrides already: delete some, or raise max_overrides in the file", **where)
+        except RedisUnavailable as exc:
+            return problem_response(503, f"Redis is unavailable: {exc}")
+        return JSONResponse(where | {"key": token, "override": body,
+                                     "applies_within_seconds": 2})
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -280,12 +444,56 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/reload", reload, methods=["POST"]),
             Route("/limits", list_limits, methods=["GET"]),
             Route("/limits/{route}/{rule}", one_key, methods=["GET", "DELETE"]),
+            Route("/top", top, methods=["GET"]),
+            Route("/overrides", list_overrides, methods=["GET"]),
+            Route("/overrides/{route}/{rule}", one_override, methods=["GET", "PUT", "DELETE"]),
         ],
         exception_handlers={HTTPException: http_error},
     )
 
 
 SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
+MAX_OVERRIDE_BODY = 4096  # bytes
+PAGE_LIMIT = 1000  # overrides listed at most per page
+
+
+def _override_token(request: Request, rule: Rule) -> str | None:
+    """The identity token `key=` names for `rule` (its values, one per source, or an identity
+    token as the access log and /top name it); None if it names none."""
+    values = [v.encode() for v in request.query_params.getlist("key")]
+    if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
+        values = values[0].split(b":")  # a readable token of several parts
+    if len(values) == 1 and _TOKEN.match(values[0]) and rule.by:
+        return values[0].decode()
+    if not rule.by and values in ([], [b""]):
+        return identity_token([])
+    if len(values) != len(rule.by):
+        return None
+    return identity_token(values)
+
+
+def _page_limit(request: Request) -> int | None:
+    """`?limit=` of a page of overrides (default 100), or None when it is not 1 to PAGE_LIMIT."""
+    text = request.query_params.get("limit", "100")
+    limit = int(text) if text.isdigit() else 0
+    return limit if 0 < limit <= PAGE_LIMIT else None
+
+
+async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
+    cursor = request.query_params.get("cursor", "0") or "0"
+    limit = _page_limit(request)
+    if not cursor.isdigit() or limit is None:
+        return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+    try:
+        nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)
+        count = await store.count(where["route"], where["rule"])
+    except RedisUnavailable as exc:
+        return problem_response(503, f"Redis is unavailable: {exc}")
+    return JSONResponse(where | {
+        "count": count,
+        "overrides": [{"key": token, "override": json.loads(text)} for token, text in pairs],
+        "next_cursor": None if nxt == "0" else nxt,
+    })
 
 
 async def _each(items: Sequence[A], call: Callable[[A], Awaitable[T]]) -> list[T]:

@@ -8,10 +8,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.settings import Settings, from_env
+
+if TYPE_CHECKING:
+    from gateway.supervisor import WorkerMain
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,14 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
                        "default: none, state is in memory and gone on exit)")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
-    check.add_argument("config", help="path to routes.yaml")
+    check.add_argument("config", nargs="?", help="path to routes.yaml (default: as serve, GATEWAY_CONFIG "
+                       "or routes.yaml)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
-        return check(args.config)
+        return check(args.config or os.environ.get("GATEWAY_CONFIG") or Settings().config_path)
     try:
         settings = resolve_settings(args, os.environ)
     except ValueError as exc:
@@ -70,6 +75,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def check(path: str) -> int:
+    if not os.path.exists(path):
+        print(f"gateway: no routes file at {os.path.abspath(path)}; "
+              "pass its path (or set GATEWAY_CONFIG)", file=sys.stderr)
+        return 2
     try:
         config = load_config(path)
     except ConfigError as exc:
@@ -78,11 +87,18 @@ def check(path: str) -> int:
         print(f"{path}: {len(exc.problems)} error(s)", file=sys.stderr)
         return 2
     rules = sum(len(r.limits) for r in config.routes)
-    print(f"{path}: ok ({len(config.routes)} routes, {rules} rules, {len(config.upstreams)} upstreams)")
+    counts = ", ".join(_counted(n, noun) for n, noun in
+                       ((len(config.routes), "route"), (rules, "rule"), (len(config.upstreams), "upstream")))
+    print(f"{path}: ok ({counts})")
     return 0
 
 
-def serve(settings: Settings) -> int:
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
+    """Run the gateway; `worker` replaces the worker's entry point (comparisons in tests and bench)."""
     from gateway.supervisor import Supervisor, configure_logging, file_stamp
 
     configure_logging(settings.log_level)
@@ -103,7 +119,7 @@ def serve(settings: Settings) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 2
-    return Supervisor(settings, config, stamp).run()
+    return Supervisor(settings, config, stamp, worker).run()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from string import Template
 from typing import NamedTuple
 
@@ -21,29 +22,53 @@ EXACT = 2**53  # Lua numbers are doubles: integers below this are exact
 
 
 class RuleSpec(NamedTuple):
-    """What the script needs of a rule: all µs and whole units; p2 = 0 is a quota without period."""
+    """What the script needs of a rule: all µs and whole units; p2 = 0 is a quota without period.
+
+    `base`: set on a per-identity override (gateway/overrides.py): the file's spec, which shapes
+    the script; this spec's numbers then reach the script as ARGV (see `override_params`), so every
+    override of a route's rules shares one script."""
 
     algorithm: str
     p1: int      # limit (windows, quota) or burst (buckets)
     p2: int      # window / period, or a bucket's emission interval
     shadow: bool
+    charge: bool = True   # an admission writes; False: checked now, charged after the answer
+    force: bool = False   # the settling script: the cost is taken (or given back) whatever the room
+    base: RuleSpec | None = None  # an override's: the file's spec (above)
+
+    def settling(self) -> RuleSpec:
+        """This rule in the script that charges and refunds after the answer."""
+        return self._replace(charge=True, force=True)
 
 
 def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
     """The rule as the script runs it; with `shards` > 1, shard `shard`'s share of a split rule:
     its limit or burst by `shard_share` (the shares add up to the rule's), its rate rate/shards."""
+    charge = not rule.charged_after
+    if rule.algorithm == "concurrency":
+        return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.lease * 1_000_000),
+                        rule.shadow, charge)
     if rule.algorithm in BUCKET_ALGORITHMS:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
-        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow)
+        return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow, charge)
     return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.window * 1_000_000),
-                    rule.shadow)
+                    rule.shadow, charge)
 
 
 # sliding_window keeps its window number modulo 10^d in its value; when 10^d windows span at least
 # this long, a state from the future (the clock stepped back) is told by the value alone, and the
 # key's TTL is never read (lua/decide.lua)
 EXACT_SPAN_US = 86_400 * 1_000_000
+
+
+def sliding_window_digits(limit: int) -> int:
+    """d, the digits of the window number in a sliding window's 19-digit value (lua/decide.lua):
+    what cantor(current, previous) leaves of 18, at most 8 (1 past 2^24: a string is written)."""
+    if limit >= 2**24:
+        return 1
+    most = 2 * limit
+    return min(8, 18 - len(str(most * (most + 1) // 2 + limit)))
 
 
 class _Dollar(Template):
@@ -74,21 +99,28 @@ def _most_and_longest(spec: RuleSpec) -> tuple[int, int]:
         return spec.p1 + 1, (spec.p1 + 1) * spec.p2
     if spec.algorithm in BUCKET_ALGORITHMS:
         return spec.p1, spec.p1 * spec.p2
+    if spec.algorithm == "concurrency":
+        return spec.p1, 1_000_000  # reset: a second (no honest time exists)
     return spec.p1, spec.p2 if spec.p2 > 0 else -1
 
 
-def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
-    """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout."""
+def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[int] = frozenset()
+                 ) -> tuple[str, Layout]:
+    """The Lua source deciding `specs` (KEYS and ARGV one per rule, in order) and its reply layout.
+
+    `overridden`: the (0-based) rules whose numbers come from the ARGV after the costs: PARAMS
+    doubles per rule, in order, packed little-endian in one string (`override_params`,
+    `overridden_script`); their part of the reply is always two integers."""
     n = len(specs)
     if n > MAX_RULES:  # Lua allows 200 locals per function: 32 rules use at most 141
         raise ValueError(f"at most {MAX_RULES} rules per script")
     slots: list[tuple[int, int]] = []
     mosts: list[int] = []
     index = 2
-    for spec in specs:
+    for j, spec in enumerate(specs):
         most, longest = _most_and_longest(spec)
         radix = math.ceil(longest / 1000) + 2 if longest >= 0 else 1
-        packed = ((most + 1) * radix) * 4 < EXACT
+        packed = ((most + 1) * radix) * 4 < EXACT and j not in overridden
         slots.append((index - 1, radix if packed else 0))
         mosts.append(most)
         index += 1 if packed else 2
@@ -97,38 +129,79 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool) -> tuple[str, Layout]:
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
         slots=", ".join("0" for _ in range(index - 1)),
     )]
+    at_param: dict[int, int] = {}  # rule -> where its numbers start in P
+    if overridden:
+        parts.append(FRAGMENTS["override_params"].substitute(format="<" + "d" * (PARAMS * len(overridden))))
+        at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         at = at0 + 1
         reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
-        parts.append(_rule(i, spec, peek_lua))
+        given = _given(at_param.get(i - 1))
+        parts.append(_rule(i, spec, peek_lua, n, given))
         parts.append(FRAGMENTS["verdict"].substitute(
-            i=i, shadow="true" if spec.shadow else "false", most=most, reply=reply))
+            i=i, shadow="true" if spec.shadow else "false", most=given.get("most", most), reply=reply))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
-        writes = [_write(i, spec) for i, spec in enumerate(specs, start=1)]
+        writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
     parts.append(FRAGMENTS["tail"].substitute())
     return "".join(parts), Layout(tuple(slots))
 
 
-def _rule(i: int, spec: RuleSpec, peek: str) -> str:
+def _lua(value: bool) -> str:
+    return "true" if value else "false"
+
+
+PARAMS = 5  # numbers per overridden rule in ARGV: p1, p2, span or float slack, most ahead, most
+
+
+def _given(at: int | None) -> dict[str, str]:
+    """An overridden rule's numbers as Lua expressions into P (the ARGV after the costs), or {}."""
+    if at is None:
+        return {}
+    p1, p2, third, ahead, most = (f"P[{at + k}]" for k in range(1, PARAMS + 1))
+    return {"p1": p1, "p2": p2, "span": third, "float_slack": third, "most_ahead": ahead, "most": most}
+
+
+def override_params(spec: RuleSpec) -> tuple[int, int, int, int, int]:
+    """The PARAMS numbers an overridden rule's script reads from ARGV, for the spec it runs with."""
+    most, longest = _most_and_longest(spec)
+    if spec.algorithm in BUCKET_ALGORITHMS:
+        return spec.p1, spec.p2, spec.p1 * spec.p2, longest, most
+    slack = math.ceil(spec.p1 * spec.p2 / 2**51) if spec.p1 * spec.p2 > 2**52 else 0
+    return spec.p1, spec.p2, slack, 0, most
+
+
+def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | None = None) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
+    modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
+    given = given or {}
+    g1, g2 = given.get("p1", p1), given.get("p2", p2)
     if algorithm in BUCKET_ALGORITHMS:
         _, most_ahead = _most_and_longest(spec)
-        read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=most_ahead).rstrip("\n")
+        read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=given.get("most_ahead", most_ahead)).rstrip("\n")
         queue = 1 if algorithm == "leaky_bucket" else 0
-        return FRAGMENTS["bucket"].substitute(i=i, burst=p1, step=p2, span=p1 * p2, queue=queue, read_state=read)
+        return FRAGMENTS["bucket"].substitute(i=i, burst=g1, step=g2, span=given.get("span", p1 * p2), queue=queue,
+                                              read_state=read, **modes)
     if algorithm == "quota" and p2 == 0:
-        return FRAGMENTS["quota"].substitute(i=i, limit=p1)
+        return FRAGMENTS["quota"].substitute(i=i, limit=g1, **modes)
+    if algorithm == "concurrency":
+        return FRAGMENTS["concurrency"].substitute(i=i, limit=g1, n=n, **modes)
     if algorithm in ("fixed_window", "quota"):
-        return FRAGMENTS["window_count"].substitute(i=i, limit=p1, window=p2, peek=peek)
+        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek, **modes)
+    if algorithm == "sliding_window" and given:
+        # the state's numbers are the file's rule's: read in its format, written as
+        # "window:current:previous" (any limit; the window zero-padded, so never 19 characters
+        # long and never read as the packed format), which the file's script reads too
+        digits = sliding_window_digits(p1)  # the file's script's (any is read: the value says its own)
+        return FRAGMENTS["sliding_window"].substitute(
+            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
+            float_slack=given["float_slack"], digits=digits, modulus=10**digits, exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
-        digits = 1
+        digits = sliding_window_digits(p1)
         if p1 < 2**24:
-            most = 2 * p1  # the largest current + previous: cantor() below that many digits
-            digits = min(8, 18 - len(str(most * (most + 1) // 2 + p1)))
             pack = (f"fmt('{digits}%0{18 - digits}d%0{digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
                     f"wid % {10 ** digits}), last_ms")
         else:
@@ -137,9 +210,9 @@ def _rule(i: int, spec: RuleSpec, peek: str) -> str:
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, digits=digits,
-            modulus=10**digits, exact_span=EXACT_SPAN_US)
+            modulus=10**digits, exact_span=EXACT_SPAN_US, **modes)
     assert algorithm == "sliding_log", algorithm
-    return FRAGMENTS["sliding_log"].substitute(i=i, limit=p1, window=p2)
+    return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 
 
 def _repair(i: int, spec: RuleSpec) -> str:
@@ -148,16 +221,18 @@ def _repair(i: int, spec: RuleSpec) -> str:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"f{i}")
     if spec.algorithm == "sliding_log":
         return FRAGMENTS["sliding_log_repair"].substitute(i=i)
-    if spec.algorithm == "quota" and spec.p2 == 0:
+    if (spec.algorithm == "quota" and spec.p2 == 0) or spec.algorithm == "concurrency":
         return ""
     return FRAGMENTS["set_until"].substitute(i=i, value=f"f{i}", until=f"g{i}")
 
 
-def _write(i: int, spec: RuleSpec) -> str:
+def _write(i: int, spec: RuleSpec, n: int, given: dict[str, str] | None = None) -> str:
+    if spec.algorithm == "concurrency":  # the file's lease: leases are renewed by it (lua/leases.lua)
+        return FRAGMENTS["concurrency_write"].substitute(i=i, lease=spec.p2, n=n)
     if spec.algorithm in BUCKET_ALGORITHMS:
         return FRAGMENTS["bucket_write"].substitute(i=i, value=f"a{i}")
     if spec.algorithm == "sliding_log":
-        return FRAGMENTS["sliding_log_write"].substitute(i=i, window=spec.p2)
+        return FRAGMENTS["sliding_log_write"].substitute(i=i, window=(given or {}).get("p2", spec.p2))
     if spec.algorithm == "quota" and spec.p2 == 0:
         return FRAGMENTS["quota_write"].substitute(i=i)
     return FRAGMENTS["set_until"].substitute(i=i, value=f"a{i}", until=f"b{i}")
@@ -166,8 +241,38 @@ def _write(i: int, spec: RuleSpec) -> str:
 class DecisionScript(NamedTuple):
     script: Script
     layout: Layout
+    params: tuple[bytes, ...] = ()  # ARGV after the costs: the overridden rules' numbers, packed
 
 
 def decision_script(specs: tuple[RuleSpec, ...], peek: bool = False) -> DecisionScript:
     source, layout = write_script(specs, peek)
     return DecisionScript(Script(f"decide:{len(specs)}", source), layout)
+
+
+def override_shape(specs: tuple[RuleSpec, ...]) -> tuple[tuple[RuleSpec, ...], frozenset[int]]:
+    """The script shape of a route's specs where some are overrides: each overridden rule's file spec
+    (a quota's with the override's choice of period or none: the fragment differs), and which."""
+    shape, overridden = [], set()
+    for j, spec in enumerate(specs):
+        if spec.base is None:
+            shape.append(spec)
+            continue
+        overridden.add(j)
+        base = spec.base
+        if base.algorithm == "quota" and (base.p2 == 0) != (spec.p2 == 0):
+            base = base._replace(p2=spec.p2)
+        shape.append(base._replace(shadow=spec.shadow, charge=spec.charge, force=spec.force))
+    return tuple(shape), frozenset(overridden)
+
+
+def overridden_script(specs: tuple[RuleSpec, ...], shaped: DecisionScript) -> DecisionScript:
+    """The script of `specs` with overrides: `shaped` (the script of their shape) and their numbers."""
+    numbers = [n for spec in specs if spec.base is not None for n in override_params(spec)]
+    # doubles, as Lua's numbers are (all below 2^53: exact): struct.unpack reads them at a fraction
+    # of what tonumber's strtod costs on text
+    return shaped._replace(params=(struct.pack(f"<{len(numbers)}d", *numbers),))
+
+
+def shape_script(shape: tuple[RuleSpec, ...], overridden: frozenset[int], peek: bool = False) -> DecisionScript:
+    source, layout = write_script(shape, peek, overridden)
+    return DecisionScript(Script(f"decide:{len(shape)}:overridden", source), layout)

@@ -9,17 +9,23 @@ reads it back at the next start. AOF rather than RDB snapshots: a snapshot taken
 would lose every sale since the last one on a crash (an oversold stock); `appendfsync everysec`
 loses at most the last second on a power cut or kill -9 and nothing on a clean stop, at the cost of
 one write(2) per event-loop turn. `always` would fsync every decision: too slow for a rate limiter.
+
+Started with `die_with_parent=True` (by `gateway serve`'s supervisor), the server gets SIGTERM from
+the kernel when the process that started it dies, even by SIGKILL: it never outlives the gateway.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from gateway.parent_death import dying_with_this_process
 
 
 def redis_server_binary() -> str:
@@ -50,6 +56,7 @@ class EmbeddedRedis:
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         data_dir: str | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.binary = binary or redis_server_binary()
         self.port = port
@@ -58,6 +65,7 @@ class EmbeddedRedis:
         self.dir = Path(tempfile.mkdtemp(prefix="gateway-redis-"))  # the socket: short, private path
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.socket_path = str(self.dir / "redis.sock")
+        self.die_with_parent = die_with_parent  # only when started from the main thread
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,7 +95,8 @@ class EmbeddedRedis:
         ]
         env = dict(os.environ, **self.env) if self.env else None
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+            preexec_fn=dying_with_this_process(signal.SIGTERM) if self.die_with_parent else None,
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:

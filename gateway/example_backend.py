@@ -1,6 +1,7 @@
 """The small example backend that the repo's routes.yaml points at (`make run`): a Starlette app
 under uvicorn that echoes what it received. Orders are taken by `POST /seckill/{item_id}` (with or
-without a trailing slash, as the gateway's route matches it) and nowhere else."""
+without a trailing slash, as the gateway's route matches it) and nowhere else; `POST /login` lets
+in the password `demo` and answers 401 to any other."""
 
 from __future__ import annotations
 
@@ -40,7 +41,13 @@ async def answer(request: Request, order: bool) -> Response:
     return Response(json.dumps(payload) + "\n", media_type="application/json")
 
 
+async def login(request: Request) -> Response:
+    ok = (await request.body()).strip() == b"password=demo"
+    return Response(json.dumps({"login": ok}) + "\n", status_code=200 if ok else 401, media_type="application/json")
+
+
 app = Starlette(routes=[
+    Route("/login", login, methods=["POST"]),
     Route("/seckill/{item_id}", order, methods=["POST"]),
     Route("/seckill/{item_id}/", order, methods=["POST"]),
     Route("/{tail:path}", echo, methods=METHODS),

@@ -11,11 +11,11 @@ import ipaddress
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 import jwt as pyjwt
 
-from gateway.config import Config, JwtSettings, Rule, Source
+from gateway.config import Config, JwtSettings, Route, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
 from gateway.http.request import Request
 
@@ -51,13 +51,24 @@ def _is_trusted(peer: str, trusted: Sequence[Network]) -> bool:
     return any(address in net for net in trusted)
 
 
+NOT_BEFORE_LEEWAY = 30.0  # seconds a token's `nbf`/`iat` may lie ahead of this clock (an IdP's clock skew)
+FOREVER = float("inf")
+
+
 class JwtVerifier:
-    """Verifies bearer tokens; only a verified token yields claims. Results are cached briefly."""
+    """Verifies bearer tokens; only a verified token yields claims.
+
+    Results are cached only while they stay true: a yes until the token's `exp` (plus the
+    configured leeway), a no for a token not valid yet until it may be, other nos for good (a bad
+    signature, an expired token). `nbf` and `iat` may lie up to NOT_BEFORE_LEEWAY seconds ahead
+    (or the configured leeway, if larger), as IdPs' clocks drift: PyJWT's `leeway`, applied to
+    not-before only, so it never stretches an expiry.
+    """
 
     def __init__(self, settings: JwtSettings, cache_size: int = 4096) -> None:
         self.settings = settings
         self.key: Any = settings.secret if settings.secret else settings.public_key
-        self.cache: dict[bytes, dict[str, Any] | None] = {}
+        self.cache: dict[bytes, tuple[dict[str, Any] | None, float]] = {}  # token -> (claims, true until)
         self.cache_size = cache_size
 
     def claims(self, header_value: bytes | None) -> dict[str, Any] | None:
@@ -68,46 +79,70 @@ class JwtVerifier:
             token = token[7:].strip()
         if len(token) > 8192:
             return None
-        if token in self.cache:
-            cached = self.cache[token]
-            if cached is None or self._fresh(cached):
-                return cached
-        result = self._verify(token)
+        now = time.time()
+        cached = self.cache.get(token)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        result, until = self._verify(token, now)
         if len(self.cache) >= self.cache_size:
             self.cache.clear()
-        self.cache[token] = result
+        self.cache[token] = (result, until)
         return result
 
-    def _fresh(self, claims: dict[str, Any]) -> bool:
-        exp = claims.get("exp")
-        return not isinstance(exp, int | float) or exp + self.settings.leeway > time.time()
-
-    def _verify(self, token: bytes) -> dict[str, Any] | None:
-        s = self.settings
-        key = self.key
+    def _verify(self, token: bytes, now: float) -> tuple[dict[str, Any] | None, float]:
+        """The claims, or None, and until when that answer holds."""
+        leeway = self.settings.leeway
         try:
-            options = {"require": [], "verify_aud": s.audience is not None}
-            claims: dict[str, Any] = pyjwt.decode(
-                token,
-                key=key,
-                algorithms=list(s.algorithms),
-                audience=s.audience,
-                issuer=s.issuer,
-                leeway=s.leeway,
-                options=options,  # type: ignore[arg-type]
-            )
+            claims = self._decode(token, leeway)
+        except pyjwt.ImmatureSignatureError:  # the signature verified; `nbf` or `iat` is ahead
+            not_before = max(leeway, NOT_BEFORE_LEEWAY)
+            try:
+                claims = self._decode(token, not_before)
+            except pyjwt.ImmatureSignatureError:
+                return None, max(now + 1.0, _valid_from(token) - not_before)
+            except (pyjwt.PyJWTError, ValueError, TypeError):
+                return None, FOREVER
         except (pyjwt.PyJWTError, ValueError, TypeError):
-            return None
+            return None, FOREVER
+        exp = claims.get("exp")
+        if isinstance(exp, int | float):
+            if exp + leeway <= now:
+                return None, FOREVER  # expired: checked above only with the not-before leeway
+            return claims, exp + leeway
+        return claims, FOREVER
+
+    def _decode(self, token: bytes, leeway: float) -> dict[str, Any]:
+        s = self.settings
+        options = {"require": [], "verify_aud": s.audience is not None}
+        claims: dict[str, Any] = pyjwt.decode(
+            token,
+            key=self.key,
+            algorithms=list(s.algorithms),
+            audience=s.audience,
+            issuer=s.issuer,
+            leeway=leeway,
+            options=options,  # type: ignore[arg-type]
+        )
         return claims
+
+
+def _valid_from(token: bytes) -> float:
+    """The later of `nbf` and `iat` of a token whose signature has verified."""
+    payload = pyjwt.decode(token, options={"verify_signature": False})
+    times = [value for value in (payload.get("nbf"), payload.get("iat")) if isinstance(value, int | float)]
+    return float(max(times, default=0))
 
 
 class _Pairs:
     """Query parameters or cookies, read for identities. A name sent twice, or one that may be
     hidden past the first MAX_PAIRS, cannot be read as one value (the upstream might read another):
-    asking for it is a 400, as for a repeated header."""
+    asking for it is a 400, as for a repeated header. So is a value holding a separator that common
+    upstream stacks split on where this parser does not (`ambiguous`): `;` in a query value (old
+    CGI and servlet parsers), `,` in a cookie value (RFC 2965 parsers)."""
 
-    def __init__(self, kind: str, pairs: Iterable[tuple[bytes, bytes]]) -> None:
+    def __init__(self, kind: str, pairs: Iterable[tuple[bytes, bytes]], ambiguous: bytes) -> None:
         self.kind = kind
+        self.ambiguous = ambiguous
         self.found: dict[bytes, bytes] = {}
         self.repeated: set[bytes] = set()
         self.overflow = False
@@ -126,6 +161,9 @@ class _Pairs:
         value = self.found.get(name)
         if value is None and self.overflow:
             raise BadRequest(f"more than {MAX_PAIRS} {self.kind}s: {name.decode('latin-1')} cannot be read")
+        if value is not None and self.ambiguous in value:
+            raise BadRequest(f"{self.kind} {name.decode('latin-1')} holds a {self.ambiguous.decode()!r}, "
+                             "which upstreams split differently")
         return value
 
 
@@ -133,7 +171,7 @@ class RequestView:
     """What identity sources read from one request (`gateway.http.request.Request`, already
     stripped of hop-by-hop fields), computed once and only on demand."""
 
-    __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_prefix",
+    __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_more", "body_prefix",
                  "config", "jwt", "params", "request")
 
     def __init__(
@@ -144,6 +182,7 @@ class RequestView:
         self.config = config
         self.jwt = jwt
         self.body_prefix: bytes | None = None
+        self.body_more = False  # more of the body follows body_prefix
         self._query: _Pairs | None = None
         self._cookies: _Pairs | None = None
         self._ip: str | None = None
@@ -165,15 +204,15 @@ class RequestView:
         if self._query is None:
             pairs = parse_qsl(self.request.query.decode("latin-1"), keep_blank_values=True)
             self._query = _Pairs("query parameter", (
-                (k.encode("latin-1", "replace"), v.encode("utf-8", "surrogateescape")) for k, v in pairs
-            ))
+                (k.encode("latin-1", "replace"), v.encode("latin-1", "replace").strip(b" \t")) for k, v in pairs
+            ), b";")
         return self._query.get(name)
 
     def cookie(self, name: bytes) -> bytes | None:
         if self._cookies is None:
             raw = self.header(b"cookie") or b""
             pieces = (piece.strip().partition(b"=") for piece in raw.split(b";"))
-            self._cookies = _Pairs("cookie", ((k, v.strip().strip(b'"')) for k, sep, v in pieces if sep))
+            self._cookies = _Pairs("cookie", ((k, _cookie_value(v)) for k, sep, v in pieces if sep), b",")
         return self._cookies.get(name)
 
     def claim(self, name: str) -> bytes | None:
@@ -187,6 +226,27 @@ class RequestView:
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             return None
         return str(value).encode()
+
+    def meets(self, route: Route) -> bool:
+        """Whether this request is one `route.when` asks for: every header, claim and address it names.
+        A header it names that came twice is a 400, as for an identity."""
+        when = route.when
+        for name, values in when.headers:
+            value = self.header(name)
+            if value is None or (values is not None and value not in values):
+                return False
+        for claim, wanted in when.jwt:
+            value = self.claim(claim)
+            if value is None or value.decode() not in wanted:
+                return False
+        if when.client:
+            try:
+                address = ipaddress.ip_address(self.ip)
+            except ValueError:
+                return False
+            if not any(address in network for network in when.client):
+                return False
+        return True
 
     def read(self, source: Source) -> bytes | None:
         kind = source.kind
@@ -208,13 +268,27 @@ class RequestView:
         if kind == "body":
             if self.body_prefix is None:
                 return None
-            length = self.request.content_length
-            digest = hashlib.blake2b(
-                self.body_prefix[: self.config.body_digest_max_bytes], digest_size=16
-            )
-            digest.update(b"|" + (b"%d" % length if length is not None else b""))
-            return digest.hexdigest().encode()
+            return body_identity(self.body_prefix, self.body_more, self.config.body_digest_max_bytes)
         raise AssertionError(kind)
+
+
+def body_identity(prefix: bytes, more: bool, limit: int) -> bytes:
+    """The identity of a request body by its bytes alone, whatever its framing (Content-Length or
+    chunked): a digest of its first `limit` bytes and, when that is all of it, of its length.
+    Bodies longer than `limit` that share their first `limit` bytes are one identity."""
+    digest = hashlib.blake2b(prefix[:limit], digest_size=16)
+    digest.update(b"|%d" % len(prefix) if len(prefix) <= limit and not more else b"|+")
+    return digest.hexdigest().encode()
+
+
+def _cookie_value(raw: bytes) -> bytes:
+    """A cookie value as frameworks hand it to the application: unquoted, percent-decoded, trimmed."""
+    value = raw.strip()
+    if len(value) >= 2 and value[:1] == b'"' and value[-1:] == b'"':
+        value = value[1:-1]
+    if b"%" in value:
+        value = unquote_to_bytes(value)
+    return value.strip(b" \t")
 
 
 def rule_identity(rule: Rule, view: RequestView) -> list[bytes] | None:

@@ -9,7 +9,16 @@ from enum import IntEnum
 from typing import Any, NamedTuple, Protocol
 
 from gateway.breaker import Breaker, BreakerState
-from gateway.decision_script import DecisionScript, Layout, RuleSpec, decision_script, rule_spec
+from gateway.decision_script import (
+    DecisionScript,
+    Layout,
+    RuleSpec,
+    decision_script,
+    overridden_script,
+    override_shape,
+    rule_spec,
+    shape_script,
+)
 from gateway.errors import BreakerOpen, RedisUnavailable
 from gateway.scripts import Script
 
@@ -61,6 +70,7 @@ class ScriptRunner(Protocol):
 
 _OUTCOMES = tuple(Outcome)
 _SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+LEASES = Script("leases")
 MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
 
 
@@ -105,6 +115,8 @@ class Limiter:
         self.observe = observe
         self.on_breaker = on_breaker
         self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
+        # routes with overridden rules (gateway/overrides.py): one script per shape, numbers in ARGV
+        self.shapes: dict[tuple[tuple[RuleSpec, ...], frozenset[int], bool], DecisionScript] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -127,18 +139,18 @@ class Limiter:
         keys: list[str],
         costs: Sequence[int | None],
         peek: bool = False,
+        lease: bytes = b"",
     ) -> Decision:
         """rules: each rule's `rule_spec()`, a route's all; keys and costs: one per rule, in order.
 
         A cost of None: the request has no identity for that rule (its key is any key with the
         route's hash tag), which sits out and is left out of the Decision. So one script serves a
-        route. peek: report the rules' state and write nothing (costs should be 0)."""
+        route. peek: report the rules' state and write nothing (costs should be 0). lease: the
+        request's lease token, for a route with concurrency rules."""
         combination = (tuple(rules), peek)
         found = self.scripts.get(combination)
         if found is None:
-            if len(self.scripts) >= MAX_SCRIPTS:
-                self.scripts.clear()
-            found = self.scripts[combination] = decision_script(*combination)
+            found = self._script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
         domain = self.runner.failure_domain(keys[0]) if keys else None
@@ -147,7 +159,12 @@ class Limiter:
             raise BreakerOpen("Redis circuit breaker is open")
         started = time.perf_counter()
         try:
-            reply = await self.runner.run(found.script, keys, [b"" if c is None else c for c in costs])
+            args: list[bytes | int] = [b"" if c is None else c for c in costs]
+            if lease:
+                args.append(lease)
+            if found.params:  # last: lua/decide.lua reads them at ARGV[#ARGV]
+                args.extend(found.params)
+            reply = await self.runner.run(found.script, keys, args)
         except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
@@ -169,7 +186,37 @@ class Limiter:
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
 
+    def _script(self, specs: tuple[RuleSpec, ...], peek: bool) -> DecisionScript:
+        if all(spec.base is None for spec in specs):
+            if len(self.scripts) >= MAX_SCRIPTS:
+                self.scripts.clear()
+            script = self.scripts[(specs, peek)] = decision_script(specs, peek)
+            return script
+        # with overrides: the numbers vary by identity, the script by shape only; neither is kept
+        # beside the file's scripts, so many distinct overrides never push those out
+        shape, overridden = override_shape(specs)
+        found = self.shapes.get((shape, overridden, peek))
+        if found is None:
+            if len(self.shapes) >= MAX_SCRIPTS:
+                self.shapes.clear()
+            found = self.shapes[(shape, overridden, peek)] = shape_script(shape, overridden, peek)
+        return overridden_script(specs, found)
+
+    async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
+        """Run one of the overrides' store scripts (gateway/overrides.py); Redis errors as
+        RedisUnavailable subclasses. Not a decision: no breaker, no latency observed."""
+        return await self.runner.run(script, keys, args)
+
     # --- the admin port's view of Redis: it never sees the runner or a reply ------------------
+
+    async def leases(self, release: bool, keys: Sequence[str], args: Sequence[bytes | int]) -> int:
+        """Give back (release) or renew concurrency leases: lua/leases.lua, keys of one hash tag.
+        Raises a RedisUnavailable subclass; not asked while the keys' breaker is open."""
+        breaker = self._breaker_for(self.runner.failure_domain(keys[0]))
+        if not breaker.allow():
+            raise BreakerOpen("Redis circuit breaker is open")
+        reply = await self.runner.run(LEASES, keys, [b"release" if release else b"renew", *args])
+        return int(reply)
 
     async def ping(self) -> None:
         """Return when Redis answers PING; raise a RedisUnavailable subclass otherwise."""

@@ -1,4 +1,8 @@
-"""Compiled routes: match(method, host, path) -> (Route, path params) | None. First match wins.
+"""Compiled routes: match(method, host, path, meets) -> (Route, path params) | None. First match wins.
+
+A route whose `match` also names who is asking (headers, verified JWT claims, client addresses)
+takes a request only when `meets(route)` says the request has them; otherwise the next route is
+tried. These conditions never own a path: the 405 rule below is about methods alone.
 
 A route that lists `methods` owns its path: a request for that path with another method is not
 taken by a later route without `methods` (a catch-all), only by a later route that names the
@@ -14,7 +18,7 @@ walk around a limit. The upstream still receives the path as sent.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.config import PARAM, Route
@@ -51,8 +55,10 @@ class Router:
         self.routes = tuple(
             CompiledRoute(r, compile_template(r.path), r.methods, r.host) for r in routes
         )
+        self.conditional = any(r.when for r in routes)  # some route asks who is asking
 
-    def match(self, method: str, host: str, path: str) -> tuple[Route, dict[str, str]] | None:
+    def match(self, method: str, host: str, path: str,
+              meets: Callable[[Route], bool] | None = None) -> tuple[Route, dict[str, str]] | None:
         claimed = False  # an earlier route owns this path under other methods
         for compiled in self.routes:
             if compiled.host is not None and compiled.host != host:
@@ -65,6 +71,8 @@ class Router:
                 continue
             found = compiled.pattern.match(path)
             if found is not None:
+                if meets is not None and compiled.route.when and not meets(compiled.route):
+                    continue
                 return compiled.route, found.groupdict()
         return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import (
@@ -27,17 +28,46 @@ LATENCY_BUCKETS = (
 
 REQUESTS = Counter(
     "gateway_requests_total",
-    "Requests by route and how they ended: admitted, refused, refused_locally (a refusal Redis "
-    "gave, answered again from the worker's memory without asking Redis), failed_open (Redis down, "
-    "forwarded unlimited), failed_closed (Redis down, 503), bad_request, no_route.",
-    ["route", "outcome"],
+    "Requests by route, how they ended (admitted, refused, failed_open: Redis down, forwarded "
+    "unlimited, failed_closed: Redis down, 503, bad_request, client_gone) and who decided (redis; "
+    "memory: a refusal Redis gave, answered again from the worker's memory; none).",
+    ["route", "outcome", "decided_by"],
 )
 RULE_DECISIONS = Counter(
     "gateway_rule_decisions_total",
-    "Per rule: admitted (the request was admitted and counted), refused (this rule refused it), "
-    "refused_locally (this rule's refusal, answered from memory), shadow_refused (a shadow rule "
-    "would have refused).",
-    ["route", "rule", "outcome"],
+    "Per rule: admitted (the request was admitted and counted), refused (this rule refused it, "
+    "decided_by redis or memory), shadow_refused (a shadow rule would have refused).",
+    ["route", "rule", "outcome", "decided_by"],
+)
+SETTLEMENTS = Counter(
+    "gateway_settlements_total",
+    "Units charged (count_on, cost: response_header) or given back (refund_on) after the answer, "
+    "by route, rule and kind (charge, refund): calls Redis took.",
+    ["route", "rule", "kind"],
+)
+SETTLE_FAILURES = Counter(
+    "gateway_settle_failures_total",
+    "Charges and refunds after the answer that Redis could not take (unavailable): lost, by route, "
+    "rule and kind.",
+    ["route", "rule", "kind"],
+)
+LEASE_FAILURES = Counter(
+    "gateway_lease_failures_total",
+    "Concurrency slots Redis could not give back (release: freed when their lease runs out) or renew.",
+    ["route", "rule", "kind"],
+)
+RULE_LIMIT = Gauge(
+    "gateway_rule_limit",
+    "Each rule's configured quota: its limit, or its burst for token_bucket, gcra and leaky_bucket "
+    "(divide a rule's admitted rate by it to graph utilisation).",
+    ["route", "rule", "algorithm"],
+    multiprocess_mode="max",
+)
+RULE_WINDOW = Gauge(
+    "gateway_rule_window_seconds",
+    "Each rule's window: the time its quota refills in (0: never, a quota without period).",
+    ["route", "rule"],
+    multiprocess_mode="max",
 )
 RESPONSES = Counter(
     "gateway_responses_total", "Responses sent, by route and status code.", ["route", "status"]
@@ -76,6 +106,16 @@ RELOADS = Counter(
 CONFIG_INFO = Gauge(
     "gateway_config_routes", "Routes in the configuration in force.", multiprocess_mode="max"
 )
+
+
+def describe_rules(routes: Iterable[Any]) -> None:
+    """The configured limits as gauges (at start-up and after each reload)."""
+    RULE_LIMIT.clear()
+    RULE_WINDOW.clear()
+    for route in routes:
+        for rule in route.limits:
+            RULE_LIMIT.labels(route.name, rule.name, str(rule.algorithm)).set(rule.quota_size)
+            RULE_WINDOW.labels(route.name, rule.name).set(rule.policy_window)
 
 
 def render() -> tuple[bytes, str]:
@@ -167,6 +207,9 @@ def flush() -> None:
 requests = _local(REQUESTS, _LocalCounter, 4096)
 rule_decisions = _local(RULE_DECISIONS, _LocalCounter, 4096)
 responses = _local(RESPONSES, _LocalCounter, 4096)
+settlements = _local(SETTLEMENTS, _LocalCounter, 4096)
+settle_failures = _local(SETTLE_FAILURES, _LocalCounter, 4096)
+lease_failures = _local(LEASE_FAILURES, _LocalCounter, 4096)
 redis_latency = _local(REDIS_LATENCY, _LocalHistogram, 8)
 upstream_latency = _local(UPSTREAM_LATENCY, _LocalHistogram, 1024)
 upstream_errors = _local(UPSTREAM_ERRORS, _LocalCounter, 1024)

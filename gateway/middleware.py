@@ -3,23 +3,36 @@
     from gateway import RateLimitMiddleware
     app.add_middleware(RateLimitMiddleware, config="routes.yaml", redis_url=None)
 
-A pure ASGI middleware: the same request checks, matching, identities, ONE limiter call per
-request, refusals, rate-limit headers and failure policy as the proxy (gateway/guard.py decides for
-both); admitted requests go on to the wrapped app with the rate-limit headers added to its
-response, and a body read for a `body` identity is handed to the app first, whole. A request that
-matches no route passes to the app unlimited; non-HTTP scopes pass through untouched. A request
-the proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large)
-is refused here too only if a route could match the path the app sees: the others are the app's
-and its server's business, as they would be without the middleware.
+A pure ASGI middleware around the same pipeline as the proxy (gateway/pipeline.py): the same request
+checks, matching, identities, ONE limiter call per request, refusals, rate-limit headers and failure
+policy. Admitted requests go on to the wrapped app as the limiter read them (the normalized path,
+trimmed field values, without the fields `Connection` named), with the rate-limit headers added to
+its response, and a body read for a `body` identity handed to the app first, whole. A request that
+matches no route passes to the app unlimited; other scopes than HTTP and WebSocket pass through
+untouched. A WebSocket scope on a route is decided at its handshake, as the GET it came as: an
+admitted one goes on to the app (the rate-limit headers added to its `websocket.accept`), a refused
+one is answered with the refusal (status, headers and problem+json body) where the server supports
+the `websocket.http.response` extension, else accepted and closed at once with code 1008 (policy
+violation) and the refusal's detail as the reason. A request the
+proxy would refuse before matching (an ambiguous path or framing, an Upgrade, a head too large) is
+refused here too only if a route could match the path the app sees: the others are the app's and
+its server's business, as they would be without the middleware.
+
+A file that does not validate fails the application's start-up (`lifespan.startup.failed` with
+every error, so uvicorn exits), never a request; under a server that runs no lifespan, each request
+is answered 500 with the errors.
 
 Redis: `redis_url`, else GATEWAY_REDIS_URL, else the file's `redis.url`, else an embedded
-redis-server started on first use and stopped with the app's lifespan (or at exit).
+redis-server started with the app's lifespan (or on first use) and stopped with it (or at exit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -27,66 +40,150 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
-from gateway.errors import BadRequest
-from gateway.guard import judge
-from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request, read_request
-from gateway.identity import RequestView
-from gateway.responses import problem, send_answer
+from gateway.errors import ConfigError, RedisUnavailable
+from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
+from gateway.overrides import Overrides, keep_in_step
+from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
+from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
+from gateway.settlement import Settlement, Settler
+
+log = logging.getLogger("gateway")
 
 
 class RateLimitMiddleware:
     def __init__(self, app: ASGIApp, config: str | Path = "routes.yaml", redis_url: str | None = None,
                  max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> None:
         self.app = app
-        self.config: Config = load_config(config, proxy=False)  # a bad file fails here, with file:line: key
+        self.config: Config | None = None
+        self.error: ConfigError | None = None
+        try:
+            self.config = load_config(config, proxy=False)
+        except ConfigError as exc:  # Starlette builds middleware lazily: reported at start-up, not raised here
+            self.error = exc
         url = redis_url or os.environ.get("GATEWAY_REDIS_URL") or None
         self.settings = Settings(config_path=str(config), redis_url=url)
-        self.max_head_bytes = max_head_bytes
+        self.limits = Limits(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
         self.runtime: Runtime | None = None
         self.embedded: EmbeddedRedis | None = None
         self._starting = asyncio.Lock()
+        self.overrides = Overrides()
+        self._syncer: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.app(scope, receive, self._lifespan_send(send))
+            await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
             return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.error is not None:
+            await send_answer(send, problem(500, f"the rate limits could not be loaded:\n{self.error}"))
+            return
         runtime = self.runtime or await self._start()
-        try:
-            request = read_request(scope, self.max_head_bytes)
-        except BadRequest as exc:
-            if not runtime.router.may_match(scope["path"]):
+        result = await decide(runtime, scope, receive, self.limits)
+        if isinstance(result, Answer):
+            if _passes_to_app(result, runtime, scope):
                 await self.app(scope, receive, send)
-                return
-            await send_answer(send, problem(exc.status, str(exc)))
+            elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                await send_answer(send, (result.status, result.headers, result.body))
             return
-        found = runtime.router.match(request.method, request.hostname, request.path)
-        if found is None:
-            await self.app(scope, receive, send)
+        lease, leases = result.lease, runtime.leases
+        if lease is not None and leases is not None:
+            leases.hold(lease)  # its slots while the app answers, given back however it ends
+        try:
+            if result.delay_ms > 0:
+                await asyncio.sleep(result.delay_ms / 1000)
+            if result.body_prefix is not None and result.request.has_body:
+                receive = _replay(result.body_prefix, result.more_body, receive)
+            if result.headers:
+                send = _with_headers(send, result.headers)
+            await self._call_app(runtime, result, scope, receive, send)
+        finally:
+            if lease is not None and leases is not None:
+                leases.release(lease)
+
+    async def _call_app(self, runtime: Runtime, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
             return
-        route, params = found
-        verdict = await judge(runtime, runtime.plans[route.name], RequestView(request, params, runtime.config,
-                                                                               runtime.jwt), receive)
-        if verdict.answer is not None:
-            await send_answer(send, verdict.answer)
+        status = 499  # the app answered nothing: the client left
+        try:
+            await self.app(_as_decided(scope, result.request), receive,
+                           _settling(send, settler, settlement, result.plan.withheld))
+        except BaseException:
+            status = 500
+            raise
+        finally:
+            settler.settle(settlement, status, None)  # once: a no-op when the answer's head settled it
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One WebSocket scope, decided at its handshake (before the app can accept it)."""
+        if self.error is not None:
+            await _refuse_websocket(scope, receive, send, problem(500, "the rate limits could not be loaded"), 1011)
             return
-        if verdict.outcome == "client_gone":
+        runtime = self.runtime or await self._start()
+        result = await decide(runtime, _handshake(scope), _no_body, self.limits)
+        if isinstance(result, Answer):
+            if _passes_to_app(result, runtime, scope):
+                await self.app(scope, receive, send)
+            elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
             return
-        if verdict.delay_ms > 0:
-            await asyncio.sleep(verdict.delay_ms / 1000)
-        if verdict.body_prefix is not None and request.has_body:
-            receive = _replay(verdict.body_prefix, verdict.more_body, receive)
-        if verdict.headers:
-            send = _with_headers(send, verdict.headers)
-        await self.app(_as_decided(scope, request), receive, send)
+        if result.delay_ms > 0:
+            await asyncio.sleep(result.delay_ms / 1000)
+        if result.headers:
+            send = _with_headers(send, result.headers, "websocket.accept")
+        settlement, settler = result.settlement, runtime.settler
+        if settlement is None or settler is None:
+            await self.app(_as_decided(scope, result.request), receive, send)
+            return
+        accepted = False
+
+        async def sending(message: Message) -> None:
+            nonlocal accepted
+            accepted = accepted or message["type"] == "websocket.accept"
+            await send(message)
+
+        try:  # counted by the answer: a 101 when the app accepted, else the 403 servers answer for it
+            await self.app(_as_decided(scope, result.request), receive, sending)
+        finally:
+            settler.settle(settlement, 101 if accepted else 403, None)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def starting(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.close()
+            await send(message)
+
+        if self.error is None:
+            await self.app(scope, self._start_first(receive), starting)
+            return
+        message = await receive()  # lifespan.startup: refused with every error, so the server exits
+        assert message["type"] == "lifespan.startup"
+        text = f"the rate limits could not be loaded:\n{self.error}"
+        log.error("%s", text)
+        await send({"type": "lifespan.startup.failed", "message": text})
+
+    def _start_first(self, receive: Receive) -> Receive:
+        """The lifespan's messages, the runtime started (Redis connected or embedded) at start-up."""
+        async def receiving() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self._start()
+            return message
+
+        return receiving
 
     async def _start(self) -> Runtime:
         async with self._starting:
             if self.runtime is None:
+                assert self.config is not None
                 settings = self.settings
                 if not (settings.redis_url or self.config.redis.url):
                     self.embedded = EmbeddedRedis()
@@ -95,9 +192,19 @@ class RateLimitMiddleware:
                     settings = Settings(config_path=settings.config_path, embedded_redis_url=self.embedded.url)
                 redis = redis_settings(settings, self.config)
                 self.runtime = build_runtime(self.config, redis, new_limiter(redis))
+                await self._follow_overrides(self.runtime)
             return self.runtime
 
+    async def _follow_overrides(self, runtime: Runtime) -> None:
+        """Per-identity overrides (set on a gateway's admin port sharing this Redis) apply here too."""
+        with contextlib.suppress(RedisUnavailable):  # the poll catches up
+            await self.overrides.sync(runtime)
+        self._syncer = asyncio.get_running_loop().create_task(keep_in_step(self.overrides, lambda: self.runtime))
+
     async def close(self) -> None:
+        if self._syncer is not None:
+            self._syncer.cancel()
+            self._syncer = None
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
             await runtime.limiter.close()
@@ -105,28 +212,31 @@ class RateLimitMiddleware:
             self.embedded.stop()
             self.embedded = None
 
-    def _lifespan_send(self, send: Send) -> Send:
-        async def lifespan_send(message: Message) -> None:
-            if message["type"] == "lifespan.shutdown.complete":
-                await self.close()
-            await send(message)
 
-        return lifespan_send
+def _passes_to_app(answer: Answer, runtime: Runtime, scope: Scope) -> bool:
+    """No route of this file is about the request: it is the app's (and its server's) business."""
+    if answer.route:
+        return False
+    if answer.outcome is RequestOutcome.BAD_REQUEST:  # refused before matching
+        return not runtime.router.may_match(scope["path"])
+    return answer.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED)
 
 
 def _as_decided(scope: Scope, request: Request) -> Scope:
-    """The request as the limiter saw it, for the app: the normalized path that was matched, and
-    without the fields `Connection` named (which no identity could read)."""
-    if request.path == scope["path"] and not request.dropped:
+    """The request as the limiter read it, for the app: the normalized path that was matched, field
+    values without surrounding whitespace, and without the fields `Connection` named."""
+    if request.path == scope["path"] and not request.dropped and not request.trimmed:
         return scope
     headers = scope["headers"]
     if request.dropped:
         headers = [(name, value) for name, value in headers if name not in request.dropped]
+    if request.trimmed:
+        headers = [(name, value.strip(b" \t")) for name, value in headers]
     return {**scope, "path": request.path, "raw_path": request.raw_path, "headers": headers}
 
 
 def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:
-    """The body the guard read first (for a `body` identity), then the rest from the client."""
+    """The body the pipeline read first (for a `body` identity), then the rest from the client."""
     sent = False
 
     async def replayed() -> Message:
@@ -139,9 +249,67 @@ def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:
     return replayed
 
 
-def _with_headers(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+def _handshake(scope: Scope) -> Scope:
+    """A WebSocket scope as the GET that opened it, for the pipeline: its Upgrade is the server's
+    business, already done, so the route need not say `websocket: true` (that is the proxy's)."""
+    headers = []
+    for name, value in scope["headers"]:
+        if name == b"upgrade":
+            continue
+        if name == b"connection":
+            tokens = [t for t in value.split(b",") if t.strip().lower() != b"upgrade"]
+            if not tokens:
+                continue
+            value = b",".join(tokens)
+        headers.append((name, value))
+    scheme = "https" if scope.get("scheme") == "wss" else "http"
+    return {**scope, "type": "http", "method": "GET", "scheme": scheme, "headers": headers}
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}  # a handshake has no body (never asked: it has no framing)
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, answer: tuple[int, Headers, bytes],
+                            code: int) -> None:
+    """The refusal as an HTTP answer to the handshake where the server can send one, else a close."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    status, headers, body = answer
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body, "more_body": False})
+        return
+    try:
+        reason = str(json.loads(body)["detail"])
+    except (ValueError, KeyError, TypeError):
+        reason = ""
+    while len(reason.encode()) > 123:  # a close frame's reason is at most 123 bytes (RFC 6455 5.5)
+        reason = reason[:-1]
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": code, "reason": reason})
+
+
+def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: frozenset[bytes]) -> Send:
+    """Charges and refunds as the app's answer starts (counting by the answer), the fields that
+    declare a cost withheld from the client."""
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
+            fields = [(name.lower(), value) for name, value in message.get("headers", ())]
+            declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
+            settler.settle(settlement, message["status"], declared)
+            if declared:
+                kept = [field for field in message.get("headers", ()) if field[0].lower() not in withheld]
+                message = {**message, "headers": kept}
+        await send(message)
+
+    return sending
+
+
+def _with_headers(send: Send, headers: list[tuple[bytes, bytes]], start: str = "http.response.start") -> Send:
+    async def sending(message: Message) -> None:
+        if message["type"] == start:
             message = {**message, "headers": [*message.get("headers", ()), *headers]}
         await send(message)
 

@@ -9,6 +9,11 @@ The gateway writes the framing of what it forwards: the request's Host, Content-
 `Transfer-Encoding: chunked`, and X-Forwarded-*; the exact request target (the normalized path the
 route matched) goes in httpx's `target` extension, so no URL library re-quotes it.
 
+A WebSocket handshake (`request.upgrade`) is forwarded with `Upgrade: websocket` and
+`Connection: upgrade` (the Sec-WebSocket-* fields are end-to-end and go as sent); a 101 answer is
+handed to `switched` with its headers and its `network_stream`, and the call returns when the
+tunnel has closed. Any other answer is an ordinary response.
+
 httpx's exceptions are converted here, at one edge: before the response has started they become
 UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connection is ended
 (`Forwarded.aborted`), never made to look complete.
@@ -17,8 +22,8 @@ UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connect
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,8 +35,12 @@ from gateway.http.request import HOP_BY_HOP, Request
 from gateway.http.transport import LeanTransport, tls_context
 
 Headers = list[tuple[bytes, bytes]]
+Switched = Callable[[Headers, Any], Awaitable[None]]  # (the 101's headers, its network stream)
 
-BODY_CHUNK_TIMEOUT = 30.0  # the worker sets it from Settings.body_timeout
+BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
+BUFFERED_BODY_BYTES = 16 * 1024  # of a request body, read before an upstream connection is taken
+MIN_BODY_RATE = 240.0      # bytes a second a request body averages once BODY_RATE_GRACE has passed ...
+BODY_RATE_GRACE = 5.0      # ... seconds of waiting for it (Kestrel's MinRequestBodyDataRate defaults)
 TRANSPORTS = ("lean", "httpx")
 
 
@@ -41,6 +50,10 @@ class ClientDisconnected(Exception):
 
 class ClientTooSlow(ClientDisconnected):
     """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
+
+
+# the answer's status and fields as they arrive -> the (lowercase) names of fields withheld from the client
+HeadHook = Callable[[int, httpx.Headers], frozenset[bytes]]
 
 
 class Forwarded(NamedTuple):
@@ -86,12 +99,19 @@ class UpstreamClient:
         send: Send,
         extra_response_headers: Headers,
         request_id: bytes,
+        on_head: HeadHook | None = None,
+        switched: Switched | None = None,
     ) -> Forwarded:
-        """Forward and stream the response to `send`.
+        """Forward and stream the response to `send`. `on_head`, when given, sees the answer's status
+        and fields as they arrive and returns the names of fields not to pass on to the client.
 
         Raises UpstreamUnavailable/UpstreamTimeout only before the response has started, and
         ClientDisconnected (ClientTooSlow) when the client's body stopped first.
         """
+        if body is not None:
+            # A client decides how fast its body comes: a small one is read whole, and the start of
+            # a large one, before an upstream connection is taken (nginx buffers bodies likewise)
+            await body.buffer(BUFFERED_BODY_BYTES)
         target = self.path_prefix + request.raw_path
         if request.query:
             target += b"?" + request.query
@@ -107,9 +127,28 @@ class UpstreamClient:
             raise UpstreamUnavailable(
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
+        if status == 101 and (not request.upgrade or switched is None):
+            await response.aclose()
+            raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols unasked")
         stream = response.stream
-        start = {"type": "http.response.start", "status": status,
-                 "headers": _response_headers(response, extra_response_headers)}
+        headers = _response_headers(response, extra_response_headers)
+        if on_head is not None:
+            withheld = on_head(status, response.headers)
+            if withheld:
+                headers = [field for field in headers if field[0] not in withheld]
+        if status == 101:
+            assert switched is not None
+            upgraded = response.extensions.get("network_stream")
+            try:
+                if upgraded is None:
+                    raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols without a stream")
+                await switched(headers, upgraded)
+            finally:
+                if upgraded is not None:
+                    await upgraded.aclose()
+                await response.aclose()
+            return Forwarded(status, aborted=False)
+        start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
             await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})
@@ -137,6 +176,8 @@ class UpstreamClient:
         if request.host:
             headers.append((b"x-forwarded-host", request.host))
         headers.append((b"x-request-id", request_id))
+        if request.upgrade:
+            headers += ((b"connection", b"upgrade"), (b"upgrade", b"websocket"))
         if request.content_length is not None:
             headers.append((b"content-length", b"%d" % request.content_length))
         elif body is not None:
@@ -177,28 +218,62 @@ class RequestBody(httpx.AsyncByteStream):
     The transport reads it while the upstream may already be answering; a failure on the client's
     side is kept in `failure` and raised as ClientDisconnected/ClientTooSlow, never as an httpx
     error, so the caller answers for the client (408/499), not the upstream.
+
+    A client may pause its body for `timeout` (the body timeout) at most, and, once BODY_RATE_GRACE seconds
+    have been spent waiting for it, must have sent MIN_BODY_RATE bytes for each second waited: a
+    byte a second keeps no upstream connection. Only the time spent waiting for the client counts,
+    not the time the upstream takes to read what was sent.
     """
 
-    def __init__(self, prefix: bytes, more: bool, receive: Receive) -> None:
+    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = BODY_CHUNK_TIMEOUT,
+                 min_rate: float | None = None, grace: float | None = None) -> None:
         self.prefix = prefix
         self.more = more
         self.receive = receive
+        self.timeout = timeout
         self.failure: ClientDisconnected | None = None
+        self.min_rate = MIN_BODY_RATE if min_rate is None else min_rate
+        self.grace = BODY_RATE_GRACE if grace is None else grace
+        self.received = len(prefix)
+        self.waited = 0.0  # seconds spent waiting for the client's bytes
+
+    async def buffer(self, limit: int) -> None:
+        """Read on until the body ends or `limit` bytes of it are held."""
+        if not self.more or len(self.prefix) >= limit:
+            return
+        chunks = [self.prefix]
+        size = len(self.prefix)
+        while self.more and size < limit:
+            chunk = await self._next()
+            chunks.append(chunk)
+            size += len(chunk)
+        self.prefix = b"".join(chunks)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         if self.prefix:
             yield self.prefix
-        more = self.more
-        while more:
-            try:
-                message = await asyncio.wait_for(self.receive(), BODY_CHUNK_TIMEOUT)
-            except TimeoutError:
-                self.failure = ClientTooSlow()
-                raise self.failure from None
-            if message["type"] == "http.disconnect":
-                self.failure = ClientDisconnected()
-                raise self.failure
-            chunk = message.get("body", b"")
-            more = message.get("more_body", False)
+        while self.more:
+            chunk = await self._next()
             if chunk:
                 yield chunk
+
+    async def _next(self) -> bytes:
+        allowed = min(self.timeout, self.grace + self.received / self.min_rate - self.waited)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            if allowed <= 0:
+                raise TimeoutError
+            message = await asyncio.wait_for(self.receive(), allowed)
+        except TimeoutError:
+            self.failure = ClientTooSlow()
+            raise self.failure from None
+        finally:
+            self.waited += loop.time() - started
+        if message["type"] == "http.disconnect":
+            self.failure = ClientDisconnected()
+            raise self.failure
+        chunk: bytes = message.get("body", b"")
+        self.more = message.get("more_body", False)
+        self.received += len(chunk)
+        return chunk

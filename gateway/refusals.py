@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
-from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_HOLD, LOCAL_REFUSALS_MAX, Rule
+from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_HOLD, LOCAL_REFUSALS_MAX, Algorithm, Rule
 from gateway.limiter import Decision, Outcome, RuleState
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "LocalRefusals", "micros"]
@@ -270,9 +270,9 @@ class LocalRefusals:
         retry = decision.retry_after_ms
         if retry is None or state.outcome is not Outcome.REFUSES:
             return None  # no retry: lifted only by a reset (a quota without period)
-        if rule.algorithm == "leaky_bucket":
-            return None
-        steady = rule.algorithm == "fixed_window" or rule.algorithm == "quota"
+        if rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.CONCURRENCY):
+            return None  # a concurrency slot may come back at any moment
+        steady = rule.algorithm in (Algorithm.FIXED_WINDOW, Algorithm.QUOTA)
         if not steady and state.remaining != cost - 1:
             # remaining < cost all through the wait; only at cost - 1 can it not grow meanwhile
             return None

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
-from http import HTTPStatus
 from typing import Any
 
 from starlette.types import Send
 
 from gateway.config import Route, Rule
+from gateway.http.problem import PROBLEM, Headers, problem
 from gateway.limiter import Decision, Outcome
 
-Headers = list[tuple[bytes, bytes]]
-PROBLEM = b"application/problem+json"
-
-
-def problem(status: int, detail: str, **extra: Any) -> tuple[int, Headers, bytes]:
-    try:
-        title = HTTPStatus(status).phrase
-    except ValueError:
-        title = "Error"
-    body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status, "detail": detail}
-    body.update(extra)
-    data = json.dumps(body).encode()  # its default separators are ", " and ": " (and its encoder is cached)
-    return status, [(b"content-type", PROBLEM), (b"content-length", str(len(data)).encode())], data
+__all__ = ["PROBLEM", "Headers", "problem", "ratelimit_headers", "refusal", "send_answer"]
 
 
 async def send_answer(send: Send, response: tuple[int, Headers, bytes]) -> int:

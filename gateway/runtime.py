@@ -7,19 +7,22 @@ the old one closes what the new one does not reuse once its last request has fin
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway import metrics
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings, Route, Rule
 from gateway.identity import JwtVerifier
 from gateway.keys import shard_of, shard_tags, state_key
+from gateway.leases import Leases
 from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
+from gateway.overrides import RouteTable
 from gateway.proxy import UpstreamClient
 from gateway.redis import make_runner
 from gateway.refusals import LocalRefusals
 from gateway.repeats import Repeats
+from gateway.settlement import Settler
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,15 @@ class RoutePlan:
     shard_prefix_keys: tuple[tuple[str, ...], ...] = ()
     # its identities are functions of the request's bytes alone (no JWT, no body): gateway/repeats.py
     repeatable: bool = False
+    # counting by the answer (gateway/settlement.py): per shard, the specs of the settling script,
+    # and the response fields that declare a cost (withheld from the client)
+    shard_settle_args: tuple[tuple[RuleSpec, ...], ...] = ()
+    withheld: frozenset[bytes] = frozenset()
+    holds_slots: bool = False  # concurrency rules: a request holds its slots while in flight (gateway/leases.py)
+
+    @property
+    def settles(self) -> bool:
+        return bool(self.shard_settle_args)
 
     @property
     def shards(self) -> int:
@@ -69,6 +81,10 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         shard_args=tuple(shard_args),
         shard_prefix_keys=shard_prefix_keys,
         repeatable=not any(s.kind in ("body", "jwt") for rule in route.limits for s in rule.by),
+        shard_settle_args=tuple(tuple(spec.settling() for spec in specs) for specs in shard_args)
+        if any(rule.settles for rule in route.limits) else (),
+        withheld=frozenset(rule.cost_response_header.encode() for rule in route.limits if rule.cost_response_header),
+        holds_slots=any(rule.algorithm == "concurrency" for rule in route.limits),
     )
 
 
@@ -82,7 +98,10 @@ class Runtime:
     clients: dict[str, UpstreamClient]
     jwt: JwtVerifier | None
     refusals: LocalRefusals = field(default_factory=LocalRefusals)  # this config's, this worker's
+    settler: Settler | None = None  # charges and refunds after the answer (gateway/settlement.py)
+    leases: Leases | None = None    # concurrency slots held and given back (gateway/leases.py)
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
+    overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -123,10 +142,16 @@ def build_runtime(
         same = old is not None and old.upstream == upstream and old.kind == transport
         clients[name] = old if old is not None and same else UpstreamClient(upstream, transport)
     plans: dict[str, RoutePlan] = {}
+    # a route matched on a JWT claim: which route a request takes depends on the clock (the token's
+    # exp), so no request is kept as a repeat (gateway/repeats.py)
+    matches_jwt = any(route.when.jwt for route in config.routes)
     for route in config.routes:
         client = clients[route.upstream.name] if route.upstream else None
-        plans[route.name] = route_plan(route, redis.key_prefix, client)
-    uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by)
+        plan = route_plan(route, redis.key_prefix, client)
+        plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
+    uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
+        r.when.jwt for r in config.routes)
+    refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)
     return Runtime(
         config=config,
         redis=redis,
@@ -135,5 +160,7 @@ def build_runtime(
         plans=plans,
         clients=clients,
         jwt=JwtVerifier(config.jwt) if uses_jwt else None,
-        refusals=LocalRefusals(config.local_refusals_max, config.local_refusals_hold),
+        refusals=refusals,
+        settler=Settler(limiter, refusals),
+        leases=Leases(limiter),
     )

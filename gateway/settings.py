@@ -25,12 +25,6 @@ class Settings:
     data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
-    # The server protocol and the upstream transport for HTTP/1.1 upstreams: the gateway's own
-    # (the defaults: stricter and measured faster), or, for comparison only, uvicorn's httptools
-    # protocol and httpx's AsyncHTTPTransport, which the tests run through the same conformance
-    # suite and which fail some of it (docs/security.md): never for production.
-    http: str = "gateway"                  # gateway | uvicorn
-    upstream_transport: str = "lean"       # lean | httpx
 
     @property
     def effective_admin_host(self) -> str:
@@ -52,15 +46,6 @@ ENV_KEYS = {
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
     "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
     "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
-    "GATEWAY_HTTP": ("http", str),
-    "GATEWAY_UPSTREAM_TRANSPORT": ("upstream_transport", str),
-}
-
-
-CHOICES = {"GATEWAY_HTTP": ("gateway", "uvicorn"), "GATEWAY_UPSTREAM_TRANSPORT": ("lean", "httpx")}
-COMPARISON_ONLY = {  # what the libraries' own implementations fail of tests/conformance
-    ("http", "uvicorn"): "uvicorn's httptools protocol turns request trailers into headers",
-    ("upstream_transport", "httpx"): "httpx's HTTP/1.1 transport reuses a connection with bytes left over",
 }
 
 
@@ -71,19 +56,11 @@ def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
         raw = env.get(name)
         if raw is None or raw == "":
             continue
-        if name in CHOICES and raw not in CHOICES[name]:
-            raise ValueError(f"{name}={raw!r}: must be one of {', '.join(CHOICES[name])}")
         try:
             values[field_name] = kind(raw)
         except ValueError as exc:
             raise ValueError(f"{name}={raw!r}: {exc}") from exc
     return replace(settings, **values)  # type: ignore[arg-type]
-
-
-def comparison_warnings(settings: Settings) -> list[str]:
-    """One line for each comparison-only implementation these settings choose."""
-    return [f"{field}={value}: for comparison only, never for production: {why}"
-            for (field, value), why in COMPARISON_ONLY.items() if getattr(settings, field) == value]
 
 
 def redis_settings(settings: Settings, config: Config) -> RedisSettings:

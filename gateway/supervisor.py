@@ -3,10 +3,15 @@
 The supervisor owns the sockets, the embedded redis-server and the metrics directory. It forwards
 SIGHUP (and changes of the config file) to the workers, which each validate and swap the config;
 on SIGTERM it lets the workers drain, stops Redis and exits 0.
+
+Nothing outlives it: if it dies without that (SIGKILL, the OOM killer, a crash), the kernel signals
+the embedded redis-server (SIGTERM) and every worker (SIGUSR1: stop accepting at once, cut whatever
+is still in flight after ORPHAN_GRACE seconds), so the ports are free for the next start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -18,16 +23,29 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
 
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
-from gateway.settings import Settings, comparison_warnings, needs_embedded_redis
+from gateway.parent_death import die_with_parent
+from gateway.settings import Settings, needs_embedded_redis
+
+if TYPE_CHECKING:
+    from gateway.app import Composed
+
+WorkerMain = Callable[[Settings, list[socket.socket], Config], None]
 
 log = logging.getLogger("gateway")
+
+# A worker whose supervisor died stops accepting at once and is ended this long after, in flight or not.
+ORPHAN_GRACE = 1.0
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -49,8 +67,10 @@ def file_stamp(path: str) -> tuple[int, int, int] | None:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, config: Config, stamp: tuple[int, int, int] | None = None) -> None:
+    def __init__(self, settings: Settings, config: Config, stamp: tuple[int, int, int] | None = None,
+                 worker: WorkerMain | None = None) -> None:
         self.settings = settings
+        self.worker = worker or worker_main  # a module-level function: the spawned process imports it
         self.config = config
         self.stamp = stamp or file_stamp(settings.config_path)  # the file as `config` was read from it
         self.workers: list[BaseProcess] = []
@@ -74,7 +94,7 @@ class Supervisor:
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
             return 1
         if needs_embedded_redis(settings, self.config):
-            self.redis = EmbeddedRedis(data_dir=settings.data_dir)
+            self.redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=True)
             try:
                 self.redis.start()
             except (OSError, RuntimeError) as exc:
@@ -95,8 +115,6 @@ class Supervisor:
         elif settings.data_dir is not None:
             log.warning("--data-dir %s is ignored: a Redis URL is configured, and that Redis keeps the state",
                         settings.data_dir)
-        for line in comparison_warnings(settings):
-            log.warning("%s", line)
         context = multiprocessing.get_context("spawn")
         sockets = [proxy, admin]
         log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",
@@ -138,7 +156,7 @@ class Supervisor:
         # A new worker starts from the last config that loaded, whatever the file holds now, and
         # with SIGHUP blocked (the mask survives exec): a reload asked for while it starts waits
         # until its handler is in place instead of killing it.
-        process = context.Process(target=worker_main, args=(self.settings, sockets, self.config), daemon=False)
+        process = context.Process(target=self.worker, args=(self.settings, sockets, self.config), daemon=False)
         before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
         try:
             process.start()
@@ -205,47 +223,66 @@ def configure_logging(level: str) -> None:
     access.setLevel(logging.INFO)
 
 
+def stop_with_supervisor() -> None:
+    """In every worker before it serves: when the supervisor dies, by any signal, the kernel sends
+    SIGUSR1 (a supervisor gone already is caught by the pid check: the worker exits)."""
+    supervisor = multiprocessing.parent_process()
+    pid = supervisor.pid if supervisor is not None else None
+    assert pid is not None, "a worker is started by the supervisor"
+    signal.signal(signal.SIGUSR1, _supervisor_gone)
+    die_with_parent(signal.SIGUSR1, pid)
+
+
+def _supervisor_gone(signum: int, frame: FrameType | None) -> None:
+    log.error("the supervisor is gone: stopping (in-flight requests are cut after %.1fs)", ORPHAN_GRACE)
+    # SIGALRM's default action ends the process if the drain outlasts the grace
+    signal.setitimer(signal.ITIMER_REAL, ORPHAN_GRACE)
+    os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's shutdown: the listening sockets close first
+
+
 def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
-    import asyncio
-
-    import uvicorn
-
-    from gateway import proxy
-    from gateway.app import build_app
-    from gateway.http import server
+    """One worker: the gateway's application on its own HTTP protocol and upstream transport."""
+    from gateway.app import compose
+    from gateway.http.server import ServerConfig, ServerOptions
 
     configure_logging(settings.log_level)
-    server.HEADER_TIMEOUT = settings.header_timeout
-    server.MAX_HEADER_BYTES = settings.max_head_bytes
-    proxy.BODY_CHUNK_TIMEOUT = settings.body_timeout
-    app = build_app(settings, config)
-    gateway = app.state.gateway
-    server.EARLY_ANSWER = gateway.held_refusal  # held refusals, answered before the app is entered
+    composed = compose(settings, config)
+    options = ServerOptions(max_header_bytes=settings.max_head_bytes, header_timeout=settings.header_timeout,
+                            early_answer=composed.endpoint.answer_early)
+    run_worker(settings, sockets, composed, ServerConfig(composed.app, options, **uvicorn_options(settings)))
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """What every worker asks of uvicorn, whichever HTTP protocol it serves with."""
+    return {
+        "loop": "uvloop",
+        "ws": "none",
+        "lifespan": "on",
+        "log_config": None,
+        "log_level": settings.log_level,
+        "access_log": False,
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": False,
+        "timeout_graceful_shutdown": int(settings.drain_timeout),
+        "timeout_keep_alive": 15,
+    }
+
+
+def run_worker(settings: Settings, sockets: list[socket.socket], composed: Composed,
+               server_config: uvicorn.Config) -> None:
+    """Serve `composed` on the inherited sockets until SIGTERM; SIGHUP reloads its config; stop at
+    once if the supervisor dies."""
+    stop_with_supervisor()
+    lifecycle = composed.lifecycle
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lifecycle.reload)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # blocked since the spawn
             await super().startup(sockets=sockets)
 
-    server_config = uvicorn.Config(
-        app=app,
-        loop="uvloop",
-        # ours (the default: stricter and measured faster) or, for comparison only, uvicorn's own
-        http=server.HttpProtocol if settings.http == "gateway" else "httptools",
-        ws="none",
-        lifespan="on",
-        log_config=None,
-        log_level=settings.log_level,
-        access_log=False,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        timeout_graceful_shutdown=int(settings.drain_timeout),
-        timeout_keep_alive=15,
-    )
     uvicorn_server = Server(server_config)
     uvicorn_server.run(sockets=sockets)
     if not uvicorn_server.started:
         sys.exit(3)
-

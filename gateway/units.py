@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d)\s*$")
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|min|minute|m|h|hour|d|day)\s*$")
 
-_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _PER = {
     "s": 1.0, "sec": 1.0, "second": 1.0,
     "min": 60.0, "minute": 60.0, "m": 60.0,
@@ -20,7 +20,7 @@ def parse_duration(text: str) -> float:
     """'50ms' -> 0.05 (seconds). Raises ValueError."""
     match = _DURATION.match(text)
     if not match:
-        raise ValueError(f"{text!r} is not a duration (use e.g. 50ms, 1s, 5m, 1h, 1d)")
+        raise ValueError(f"{text!r} is not a duration (use e.g. 50ms, 1s, 5m or 5min, 1h, 1d)")
     value = float(match.group(1)) * _SECONDS[match.group(2)]
     if value <= 0:
         raise ValueError(f"{text!r} must be longer than zero")

@@ -10,7 +10,11 @@
 --   KEYS[i]   state key of rule i (all keys share one hash tag)
 --   ARGV[i]   cost of rule i, or '' when the request has no identity for it (on_missing: skip):
 --             that rule is neither read nor written nor reported, so one script serves a route
---             whatever identities its requests carry
+--             whatever identities its requests carry. Negative: units given back (a refund).
+--   @charge   false: the rule is checked (it refuses while its budget is spent) but an admission
+--             writes nothing; it is charged after the answer (count_on, cost: response_header)
+--   @force    true: the settling script run after the answer: every rule takes its cost, charge or
+--             refund, whatever its room (a charge after the answer cannot be refused any more)
 -- Returns {head, then per rule one integer (two when the numbers do not fit in one)}:
 --   head     admitted: delay_ms * 2 + 1; refused: ((retry_ms + 1) * 256 + refusing rule) * 2,
 --            retry_ms = -1 when the request can never be admitted as it is
@@ -54,6 +58,13 @@ local values = call('MGET', @keys)   -- false for a missing key (or one that is 
 local out = {@slots}
 local refused, by, worst, delay = false, 0, 0, 0
 
+--@@ override_params
+-- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules, the
+-- last ARGV (after the costs and any lease token) holds their numbers, five doubles per overridden
+-- rule, little-endian (gateway/decision_script.py `override_params`); their fragments read P where
+-- the file's script has constants
+local P = {struct.unpack('@format', ARGV[#ARGV])}
+
 --@@ bucket
 -- token_bucket, gcra (@queue = 0): burst @burst, one request every @step µs; state = the time the
 -- bucket is full again. leaky_bucket (@queue = 1): a queue of @burst behind the one leaving, one
@@ -68,15 +79,20 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ahead = tat - now
   local room = @span - ahead
   local remaining, reset = (room - room % @step) / @step + @queue, ahead
-  if cost - @queue <= @burst then
+  if cost - @queue <= @burst or @force then
     local need = ahead + (cost - @queue) * @step - @span
-    if need <= 0 then
+    if need <= 0 or @force then
       ok, wait = true, ahead * @queue
       ahead = ahead + cost * @step
+      if ahead < 0 then
+        ahead = 0                         -- a refund never fills the bucket past full
+      elseif @force and ahead > @span then
+        ahead = @span                     -- a charge past the room leaves the bucket empty, no more
+      end
       room = @span - ahead
       remaining = (room - room % @step) / @step + @queue
       reset = ahead
-      if cost > 0 then a@i = now + ahead end
+      if cost ~= 0 and @charge then a@i = now + ahead end
     else
       retry = need
     end
@@ -128,11 +144,11 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local reset = stop - now
   local last_ms = (stop + (-stop) % 1000) / 1000 - 1  -- the window's last millisecond: gone at `stop`
   local remaining = @limit - count
-  if cost <= @limit then
-    if count + cost <= @limit then
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
       ok = true
       remaining = @limit - count - cost
-      if cost > 0 then a@i, b@i = fmt('%d', count + cost), last_ms end
+      if cost ~= 0 and @charge then a@i, b@i = fmt('%d', count + cost > 0 and count + cost or 0), last_ms end
     else
       retry = reset
       if count > 0 and not @peek then
@@ -162,16 +178,19 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     count, add = ceil(count), false
   end
   local remaining = @limit - count
-  if cost <= @limit and count + cost <= @limit then
+  if (cost <= @limit and count + cost <= @limit) or @force then
     ok = true
     remaining = @limit - count - cost
-    if cost > 0 then a@i, b@i = count + cost, add end
+    if cost ~= 0 and @charge then
+      if count + cost < 0 then cost, add = -count, false end   -- a refund never goes below nothing
+      a@i, b@i = count + cost, add
+    end
   end
 
 --@@ quota_write
   if a@i then
     -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
-    if not b@i or type(try('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
+    if not b@i or type(try('INCRBY', KEYS[@i], fmt('%d', a@i - (tonumber(values[@i]) or 0)))) == 'table' then
       call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
@@ -258,12 +277,13 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local avail = room + cost * @window
   local remaining = (avail - avail % @window) / @window
   local reset = @window - elapsed
-  if cost <= @limit then
-    if room >= 0 then
+  if cost <= @limit or @force then
+    if room >= 0 or @force then
       ok = true
       remaining = remaining - cost
-      if cost > 0 then
+      if cost ~= 0 and @charge then
         local c = cur + cost
+        if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
         a@i, b@i = @pack_state
       end
     else
@@ -321,12 +341,12 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     reset = oldest + @window - now
   end
   local remaining = @limit - count
-  if cost <= @limit then
-    if count + cost <= @limit then
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
       ok = true
       remaining = @limit - count - cost
       -- a string under this key is another algorithm's state: replaced by a fresh log
-      if cost > 0 then a@i, b@i = count, v and 'DEL' or (exists and 'TRIM' or '') end
+      if cost > 0 and @charge then a@i, b@i = count, v and 'DEL' or (exists and 'TRIM' or '') end
     else
       local kth = tonumber(call('ZRANGEBYSCORE', key, edge, '+inf', 'WITHSCORES', 'LIMIT',
                                 fmt('%d', count + cost - @limit - 1), '1')[2])
@@ -374,6 +394,40 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       while call('ZADD', key, 'NX', now_s, now_s .. '~' .. (a@i + u) .. '.' .. k) == 0 do k = k + 1 end
     end
     call('PEXPIREAT', key, fmt('%d', ceil((now + @window) / 1000)))
+  end
+
+--@@ concurrency
+-- concurrency: at most @limit leases at once, one sorted-set member per slot, named by the request's
+-- lease token (ARGV[@n + 1]) and scored by the time it expires (µs): a gateway that dies holding one
+-- loses it @lease µs after its last renewal. Given back and renewed by lua/leases.lua.
+local a@i
+if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
+  local key, cost = KEYS[@i], tonumber(ARGV[@i])
+  local ok, retry, wait, reset = false, -1, 0, 1000000
+  local count = 0
+  if not values[@i] then   -- MGET reads a sorted set as missing; a string is another algorithm's
+    count = call('ZCOUNT', key, '(' .. fmt('%d', now), '+inf')
+  end
+  local remaining = @limit - count
+  if cost <= @limit or @force then
+    if count + cost <= @limit or @force then
+      ok = true
+      remaining = @limit - count - cost
+      if cost > 0 and @charge then a@i = cost end
+    else
+      retry = 1000000   -- no honest time exists: a holder may give its slot back at any moment
+    end
+  end
+
+--@@ concurrency_write
+  if a@i then
+    local key, now_s = KEYS[@i], fmt('%d', now)
+    if values[@i] then call('DEL', key) end
+    call('ZREMRANGEBYSCORE', key, '-inf', now_s)   -- leases of dead holders
+    local until_s, token = fmt('%d', now + @lease), ARGV[@n + 1]
+    for u = 1, a@i do call('ZADD', key, until_s, token .. ':' .. u) end
+    local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')   -- the key lives as long as its last lease
+    call('PEXPIREAT', key, fmt('%d', ceil(tonumber(last[2]) / 1000)))
   end
 
 --@@ verdict

@@ -6,6 +6,7 @@ command -v faketime >/dev/null || need+=(faketime)
 [ -x /usr/bin/redis-server ] || need+=(redis-server)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v wrk >/dev/null || need+=(wrk)
+command -v promtool >/dev/null || need+=(prometheus)  # promtool tests the chart's alert rules
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "system-deps: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
@@ -17,3 +18,4 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
 # Debian's redis-server package starts a system service; the tests run their own.
 (service redis-server stop || true) >/dev/null 2>&1
 (service nginx stop || true) >/dev/null 2>&1
+(service prometheus stop || true) >/dev/null 2>&1

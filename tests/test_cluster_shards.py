@@ -59,7 +59,7 @@ routes:
 
 
 async def _decide(limiter: Limiter, plan: RoutePlan, user: str, item: str = "9") -> bool:
-    """What gateway.guard.judge does for this route: the user's shard, its keys, one call."""
+    """What gateway.pipeline.decide does for this route: the user's shard, its keys, one call."""
     shard = plan.shard_of([user.encode()])
     prefixes = plan.shard_prefix_keys[shard]
     keys = [rule_key(prefixes[0], [user.encode()]), rule_key(prefixes[1], [item.encode()])]

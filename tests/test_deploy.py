@@ -34,12 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import httpx
 import jsonschema
 import pytest
 import yaml
 from kubernetes_validate import utils as kv
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.gateway_proc import GatewayProcess
 from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +206,7 @@ def dockerignore_excludes(path: str) -> bool:
 
 
 def test_dockerignore_keeps_what_the_build_copies_and_nothing_else() -> None:
-    needed = [*builder_sources(), "routes.yaml", "gateway/config.py", "lua/decide.lua"]
+    needed = [*builder_sources(), "routes.yaml", "gateway/config/loader.py", "lua/decide.lua"]
     for path in needed:
         assert not dockerignore_excludes(path.rstrip("/")), f"{path} is needed by the build but ignored"
     for path in (".git/HEAD", ".venv/bin/python", "tests/test_deploy.py", "helm/gateway/Chart.yaml",
@@ -262,6 +267,21 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         },
     },
     "repo-routes-as-mapping": {"routes": yaml.safe_load(REPO_ROUTES)},
+    "dashboard-alerts-ingress": {
+        "redis": {"existingSecret": "redis-conn"},
+        "replicaCount": 2,
+        "upstreams": {"backend": "http://shop.shop.svc:8080", "payments-api": "https://payments.example.net"},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "grafanaDashboard": {"enabled": True, "namespace": NAMESPACE, "annotations": {"grafana_folder": "Gateways"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                           "additionalRuleLabels": {"team": "edge"}},
+        "ingress": {"enabled": True, "className": "nginx",
+                    "annotations": {"cert-manager.io/cluster-issuer": "letsencrypt"},
+                    "hosts": [{"host": "shop.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]},
+                              {"host": "api.example.com", "paths": [{"path": "/v1", "pathType": "Prefix"},
+                                                                     {"path": "/health", "pathType": "Exact"}]}],
+                    "tls": [{"secretName": "shop-tls", "hosts": ["shop.example.com", "api.example.com"]}]},
+    },
 }
 
 
@@ -340,15 +360,42 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+PROMETHEUS_RULE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object", "required": ["name", "namespace", "labels"]},
+        "spec": {"type": "object", "additionalProperties": False, "required": ["groups"], "properties": {
+            "groups": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "additionalProperties": False, "required": ["name", "rules"], "properties": {
+                    "name": {"type": "string"},
+                    "rules": {"type": "array", "minItems": 1, "items": {
+                        "type": "object", "additionalProperties": False, "required": ["alert", "expr"],
+                        "properties": {
+                            "alert": {"type": "string", "pattern": "^[A-Za-z][A-Za-z0-9]*$"},
+                            "expr": {"type": "string"},
+                            "for": {"type": "string", "pattern": "^([0-9]+(ms|s|m|h|d|w|y))+$"},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        }}}}}}}},
+    },
+}
+CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+
+
 def test_every_manifest_validates_strictly(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]]) -> None:
     name, _, docs = scenario
     assert docs
     for doc in docs:
         where = f"{name}: {doc['kind']}/{doc['metadata']['name']}"
         assert doc["metadata"]["namespace"] == NAMESPACE, where
-        if doc["kind"] == "ServiceMonitor":
-            # A CRD: kubernetes-validate has no schema for it (SchemaNotFoundError), so ours.
-            jsonschema.Draft202012Validator(SERVICE_MONITOR_SCHEMA).validate(doc)
+        if doc["kind"] in CRD_SCHEMAS:
+            # CRDs: kubernetes-validate has no schema for them (SchemaNotFoundError), so ours.
+            jsonschema.Draft202012Validator(CRD_SCHEMAS[doc["kind"]]).validate(doc)
             continue
         for version in KUBE_VERSIONS:
             try:
@@ -574,6 +621,11 @@ REFUSED = [
     ({"routes": REPO_ROUTES.replace("${ADMIN_TOKEN:-}", "")},
      "the chart passes the admin token as ADMIN_TOKEN but routes does not read it"),
     ({"admin": {"existingSecret": "adm", "token": "x"}}, "set admin.token or admin.existingSecret, not both"),
+    ({"routes": REPO_ROUTES.replace("${SHOP_URL:-http://127.0.0.1:9000}", "${UPSTREAM_SHOP_API}")},
+     "routes reads ${UPSTREAM_SHOP_API}, which no value sets: add `upstreams: {shop-api: URL}`"),
+    ({"upstreams": {"shop": "shop.svc:8080"}}, "/upstreams/shop"),
+    ({"ingress": {"enabled": True, "hosts": [{"host": "a.example.com", "paths": [{"path": "v1"}]}]}},
+     "/ingress/hosts/0/paths/0/path"),
 ]
 
 
@@ -655,7 +707,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(300)
 def test_wheel_holds_the_package_and_its_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("gateway/lua/decide.lua", "gateway/cli.py", "gateway/config.py", "gateway/py.typed",
+    for needed in ("gateway/lua/decide.lua", "gateway/cli.py", "gateway/config/loader.py", "gateway/py.typed",
                    "gateway/routes.schema.json"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("tests/", "bench/", "helm/", "lua/"))]
@@ -746,3 +798,290 @@ def test_image_entry_command_serves_and_passes_its_healthcheck(installed: Path, 
                                                          capture_output=True).returncode == 0:
         time.sleep(0.2)
     assert subprocess.run(healthcheck_command(), env=env, capture_output=True).returncode != 0
+
+
+# --- the Grafana dashboard, the alerts and the Ingress ----------------------------------------------
+
+OPERATORS_KIT = SCENARIOS["dashboard-alerts-ingress"]
+# Labels Prometheus adds to every series it scrapes through the chart's ServiceMonitor (target labels)
+TARGET_LABELS = {"namespace", "pod", "service", "job", "instance", "container", "endpoint"}
+PROMTOOL = shutil.which("promtool")
+
+
+def dashboard(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    config_map = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    (text,) = config_map["data"].values()
+    board: dict[str, Any] = json.loads(text)
+    return board
+
+
+def dashboard_expressions(board: dict[str, Any]) -> list[str]:
+    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    exprs += [var["query"]["query"] for var in board["templating"]["list"] if var["type"] == "query"]
+    return exprs
+
+
+def alert_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rule = one(docs, "PrometheusRule")
+    return [r for group in rule["spec"]["groups"] for r in group["rules"]]
+
+
+def test_dashboard_rule_and_ingress_are_off_by_default_and_render_as_configured() -> None:
+    kinds = {d["kind"] for d in manifests({})}
+    assert not kinds & {"PrometheusRule", "Ingress"}
+    assert [d for d in manifests({}) if d["kind"] == "ConfigMap"] == [one(manifests({}), "ConfigMap")]
+
+    docs = manifests(OPERATORS_KIT)
+    config_map = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1", "Grafana's sidecar finds it by label"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "Gateways"}
+    board = dashboard(docs)
+    titles = [p["title"] for p in board["panels"] if p["type"] != "row"]
+    for wanted in ("Requests by route and outcome", "Refusals by rule", "Redis decision latency",
+                   "Circuit breaker", "Upstream latency", "Upstream errors"):
+        assert wanted in titles
+    for panel in board["panels"]:
+        if panel["type"] not in ("row", "text"):
+            assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel["title"]
+    (top,) = [p for p in board["panels"] if p["type"] == "text"]
+    assert "/top?window=15m" in top["options"]["content"], "who is refused: the admin API's top list"
+    assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+
+    rule = one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack", "the label Prometheus selects rules by"
+    rules = alert_rules(docs)
+    assert {r["alert"] for r in rules} == {"GatewayRedisBreakerOpen", "GatewayDecidingWithoutRedis",
+                                           "GatewayRedisLatencyHigh", "GatewayUpstreamErrors",
+                                           "GatewayConfigReloadFailed"}
+    for r in rules:
+        assert r["labels"]["team"] == "edge" and r["labels"]["severity"] in ("warning", "critical")
+        assert f'namespace="{NAMESPACE}", service="{FULLNAME}-admin"' in r["expr"], "only this release's pods"
+
+    ingress = one(docs, "Ingress")
+    proxy = one(docs, "Service")
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["metadata"]["annotations"]["cert-manager.io/cluster-issuer"] == "letsencrypt"
+    assert ingress["spec"]["tls"] == OPERATORS_KIT["ingress"]["tls"]
+    assert [r["host"] for r in ingress["spec"]["rules"]] == ["shop.example.com", "api.example.com"]
+    for rule_ in ingress["spec"]["rules"]:
+        for path in rule_["http"]["paths"]:
+            assert path["backend"]["service"] == {"name": proxy["metadata"]["name"],
+                                                  "port": {"name": proxy["spec"]["ports"][0]["name"]}}
+    assert [p["pathType"] for p in ingress["spec"]["rules"][1]["http"]["paths"]] == ["Prefix", "Exact"]
+
+    env = pod_env(one(docs, "Deployment"))
+    assert env["UPSTREAM_BACKEND"] == "http://shop.shop.svc:8080"
+    assert env["UPSTREAM_PAYMENTS_API"] == "https://payments.example.net"
+    assert "url: ${UPSTREAM_BACKEND:-http://backend:8080}" in one(docs, "ConfigMap")["data"]["routes.yaml"]
+    assert "UPSTREAM_BACKEND" not in pod_env(one(manifests({}), "Deployment")), "the routes' default then"
+    notes = render(OPERATORS_KIT)["gateway/templates/NOTES.txt"]
+    assert "https://shop.example.com/, https://api.example.com/v1" in notes and "trusted_proxies" in notes
+    assert f"PrometheusRule {FULLNAME}" in notes and f"ConfigMap {FULLNAME}-dashboard" in notes
+    assert "Ingress:" not in render({})["gateway/templates/NOTES.txt"]
+
+
+def rules_file(tmp_path: Path, with_annotations: bool = True) -> Path:
+    groups = one(manifests(OPERATORS_KIT), "PrometheusRule")["spec"]["groups"]
+    if not with_annotations:
+        groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]}
+                  for g in groups]
+    path = tmp_path / ("rules.yaml" if with_annotations else "rules-bare.yaml")
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+def series(name: str, values: str, **labels: str) -> dict[str, str]:
+    """One input series of this release's pods (as the ServiceMonitor labels them)."""
+    every = {"namespace": NAMESPACE, "service": f"{FULLNAME}-admin", "pod": "edge-gateway-0", **labels}
+    return {"series": name + "{" + ", ".join(f'{k}="{v}"' for k, v in every.items()) + "}", "values": values}
+
+
+def test_alerts_fire_as_docs_operations_describes(tmp_path: Path) -> None:
+    """promtool (Debian's prometheus package; `make system-deps` installs it) checks the rules and
+    their templates, then plays series through them: each alert fires when it should, only after its
+    `for:`, and never for another release's pods."""
+    assert PROMTOOL, "promtool is missing: run `make system-deps` (Debian package prometheus)"
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules_file(tmp_path))], capture_output=True,
+                             text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    other = {"service": "another-gateway-admin"}
+    buckets = [("0.025", "0+0x30"), ("0.05", "0+600x30"), ("+Inf", "0+600x30")]
+    input_series = [
+        series("gateway_redis_breaker_state", "0 0 1x30"),
+        series("gateway_redis_breaker_state", "1x30", **other),
+        series("gateway_requests_total", "0 0 0+60x30", route="seckill", outcome="failed_closed"),
+        series("gateway_requests_total", "0+600x30", route="seckill", outcome="admitted"),
+        *[series("gateway_redis_latency_seconds_bucket", v, le=le, result="ok") for le, v in buckets],
+        series("gateway_upstream_errors_total", "0+60x30", upstream="shop", kind="unavailable"),
+        series("gateway_upstream_latency_seconds_count", "0+540x30", upstream="shop"),  # 10% fail
+        series("gateway_upstream_errors_total", "0+6x30", upstream="payments", kind="timeout"),
+        series("gateway_upstream_latency_seconds_count", "0+600x30", upstream="payments"),  # 1%
+        series("gateway_upstream_errors_total", "0+60x30", upstream="down", kind="unavailable"),  # never answers
+        series("gateway_config_reloads_total", "0 0 0 0 0 1x30", result="error"),
+        series("gateway_config_reloads_total", "0+1x30", result="ok"),
+    ]
+    team = {"team": "edge", "namespace": NAMESPACE}
+    cases = [
+        (1, "GatewayRedisBreakerOpen", []),  # open for less than its `for: 1m`
+        (4, "GatewayRedisBreakerOpen", [{**team, "severity": "critical", "pod": "edge-gateway-0"}]),
+        (3, "GatewayDecidingWithoutRedis", []),
+        (6, "GatewayDecidingWithoutRedis", [{**team, "severity": "warning", "route": "seckill",
+                                              "outcome": "failed_closed"}]),
+        (5, "GatewayRedisLatencyHigh", []),
+        (20, "GatewayRedisLatencyHigh", [{**team, "severity": "warning"}]),
+        (20, "GatewayUpstreamErrors", [{**team, "severity": "warning", "upstream": "down"},
+                                       {**team, "severity": "warning", "upstream": "shop"}]),
+        (4, "GatewayConfigReloadFailed", []),
+        (6, "GatewayConfigReloadFailed", [{**team, "severity": "warning"}]),
+        (25, "GatewayConfigReloadFailed", []),  # ten minutes after the last refused reload
+    ]
+    tests = {"rule_files": [str(rules_file(tmp_path, with_annotations=False))], "evaluation_interval": "1m",
+             "tests": [{"interval": "1m", "input_series": input_series, "alert_rule_test": [
+                 {"eval_time": f"{minute}m", "alertname": name, "exp_alerts": [{"exp_labels": labels}
+                                                                              for labels in expected]}
+                 for minute, name, expected in cases]}]}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    played = subprocess.run([PROMTOOL, "test", "rules", str(tmp_path / "tests.yaml")], capture_output=True,
+                            text=True, timeout=60)
+    assert played.returncode == 0, played.stdout + played.stderr
+    assert {name for _, name, _ in cases} == {r["alert"] for r in alert_rules(manifests(OPERATORS_KIT))}
+
+
+LIVE_ROUTES = """
+version: 1
+redis: {{timeout: 200ms}}
+upstreams:
+  up: {{url: "{upstream}"}}
+  nowhere: {{url: "http://127.0.0.1:{closed}", connect_timeout: 1s}}
+routes:
+  - name: limited
+    match: {{path: /echo/limited}}
+    upstream: up
+    limits:
+      - {{name: once, by: [ip], algorithm: fixed_window, limit: 1, window: 1h}}
+      - {{name: shadowed, by: [ip], algorithm: fixed_window, limit: 1, window: 1h, shadow: true}}
+  - name: broken
+    match: {{path: /broken}}
+    upstream: nowhere
+    limits: [{{name: g, by: [], algorithm: gcra, rate: 100/s, burst: 100}}]
+"""
+
+
+def live_scrape(tmp_path: Path, upstream_url: str) -> dict[str, set[str]]:
+    """A real gateway's /metrics after an admitted, a refused, a shadow-refused, an upstream-failed
+    request, a reload and a Redis outage: every series name with the label names it carries."""
+    redis = RedisProcess()
+    redis.start()
+    gateway = GatewayProcess(LIVE_ROUTES.format(upstream=upstream_url, closed=free_port()), tmp_path,
+                             redis_url=redis.url)
+    gateway.start()
+    try:
+        assert httpx.get(gateway.url + "/echo/limited").status_code == 200
+        assert httpx.get(gateway.url + "/echo/limited").status_code == 429
+        # the dashboard's "Top refused identities" panel sends operators here
+        top = httpx.get(gateway.admin_url + "/top", params={"window": "15m", "limit": "20"}).json()["top"]
+        assert [(t["route"], t["rule"], t["refusals"]) for t in top] == [("limited", "once", 1)]
+        assert httpx.get(gateway.url + "/broken").status_code == 502
+        assert httpx.post(gateway.admin_url + "/reload").status_code == 200
+        redis.stop()
+        assert httpx.get(gateway.url + "/broken").status_code == 502  # failed open, then the upstream failed
+        text = httpx.get(gateway.admin_url + "/metrics").text
+    finally:
+        gateway.stop()
+        redis.stop()
+    found: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, set()).update(sample.labels)
+    return found
+
+
+def referenced(expr: str) -> list[tuple[str, set[str]]]:
+    """Each metric an expression reads, with the label names its selector matches on."""
+    uses = []
+    for match in re.finditer(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?", expr):
+        name, selector = match.group(1), match.group(2) or ""
+        if name.startswith("gateway_"):
+            uses.append((name, set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", selector))))
+    return uses
+
+
+def grouped_by(expr: str) -> set[str]:
+    return {label.strip() for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
+            for label in group.split(",") if label.strip()}
+
+
+@pytest.mark.timeout(120)
+def test_every_dashboard_and_alert_expression_reads_what_the_gateway_exports(tmp_path: Path,
+                                                                            upstream: Upstream) -> None:
+    docs = manifests(OPERATORS_KIT)
+    expressions = dashboard_expressions(dashboard(docs)) + [r["expr"] for r in alert_rules(docs)]
+    scraped = live_scrape(tmp_path, upstream.url)
+    assert len(expressions) > 20
+    for expr in expressions:
+        uses = referenced(expr)
+        assert uses, f"reads no gateway metric: {expr}"
+        labels = set().union(*(scraped.get(name, set()) for name, _ in uses)) | TARGET_LABELS | {"le"}
+        for name, matched in uses:
+            assert name in scraped, f"{name} is not in a live /metrics (read by: {expr})"
+            assert matched <= scraped[name] | TARGET_LABELS, f"{name} has no label {matched - scraped[name]}: {expr}"
+        assert grouped_by(expr) <= labels, f"grouped by a label no series has: {expr}"
+    every_metric = {name for name in scraped if name.startswith("gateway_")}
+    shown = {name for expr in expressions for name, _ in referenced(expr)}
+    families = {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in every_metric}
+    assert families <= {re.sub(r"_(bucket|count|sum|created)$", "", n) for n in shown}, "every metric on the board"
+
+
+def deploy_doc_block(first_line: str) -> str:
+    """The ```yaml block of docs/deploy.md whose first line is `first_line`."""
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, re.S):
+        if block.startswith(first_line + "\n"):
+            return str(block)
+    raise AssertionError(f"docs/deploy.md has no yaml block starting {first_line!r}")
+
+
+@pytest.mark.timeout(120)
+def test_the_deploy_docs_walk_from_helm_install_to_a_429(tmp_path: Path, upstream: Upstream) -> None:
+    """docs/deploy.md's routes-shop.yaml and values-shop.yaml, as written there: the chart takes them
+    (strict lint, valid manifests, an Ingress to the proxy Service, the shop's URL in the pods), and
+    the routes, served by a real gateway in front of a real upstream, answer the sixth login with 429."""
+    routes = deploy_doc_block("# routes-shop.yaml")
+    values = {**yaml.safe_load(deploy_doc_block("# values-shop.yaml")), "routes": routes}
+    report = helm.lint(CHART, values, strict=True, namespace="edge", kube_version=f"v{KUBE_VERSIONS[-1]}")
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name="shop-edge", namespace="edge")
+    docs = [d for name, text in sorted(rendered.items()) if name.endswith(".yaml")
+            for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        if doc["kind"] not in CRD_SCHEMAS:
+            kv.validate(doc, KUBE_VERSIONS[-1], strict=True)
+    kinds = {d["kind"] for d in docs}
+    assert {"Ingress", "PrometheusRule", "ServiceMonitor"} <= kinds
+    (ingress,) = [d for d in docs if d["kind"] == "Ingress"]
+    assert ingress["metadata"]["name"] == "shop-edge-gateway"
+    assert ingress["spec"]["rules"][0]["host"] == "shop.example.com"
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    env = pod_env(deployment)
+    assert env["UPSTREAM_SHOP"] == "http://shop.shop.svc:8080" and "UPSTREAM_BACKEND" not in env
+
+    redis = RedisProcess()
+    redis.start()
+    gateway = GatewayProcess(routes, tmp_path, redis_url=redis.url, env={"UPSTREAM_SHOP": upstream.url})
+    gateway.start()
+    try:
+        checked = subprocess.run([sys.executable, "-m", "gateway", "check", str(gateway.config_path)], cwd=ROOT,
+                                 env={**os.environ, "UPSTREAM_SHOP": "http://shop:8080"}, capture_output=True,
+                                 text=True, timeout=60)
+        assert checked.stdout.strip() == f"{gateway.config_path}: ok (2 routes, 2 rules, 1 upstream)", checked.stderr
+        logins = [httpx.post(gateway.url + "/login", content=b'{"user": "a"}') for _ in range(6)]
+        assert [r.status_code for r in logins] == [200] * 5 + [429]
+        refused = logins[-1]
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.headers["ratelimit-policy"] == '"per-ip";q=5;w=900'
+        assert 0 < int(refused.headers["retry-after"]) <= 900
+        assert refused.json()["route"] == "login" and refused.json()["rule"] == "per-ip"
+    finally:
+        gateway.stop()
+        redis.stop()

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gateway.config import Config, JwtSettings, RedisSettings, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
 from gateway.http.request import read_request
-from gateway.identity import JwtVerifier, RequestView, client_ip, rule_identity
+from gateway.identity import NOT_BEFORE_LEEWAY, JwtVerifier, RequestView, client_ip, rule_identity
 
 TRUSTED = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("127.0.0.1/32"))
 
@@ -141,17 +141,24 @@ def test_a_value_an_upstream_could_read_differently_is_a_400() -> None:
     assert once.read(Source("header", "x-request-id")) == b"r1"
 
 
-def test_body_digest_is_bounded_and_tells_lengths_apart() -> None:
-    config = _config()
-    a = _view(config, [(b"content-length", b"40")])
-    a.body_prefix = b"0123456789abcdef-and-more-beyond-the-bound"
-    b = _view(config, [(b"content-length", b"40")])
-    b.body_prefix = b"0123456789abcdef-something-else-entirely!!"
-    c = _view(config, [(b"content-length", b"41")])
-    c.body_prefix = a.body_prefix
-    # only the first body_digest_max_bytes (16) count, plus the declared length
-    assert a.read(Source("body")) == b.read(Source("body"))
-    assert a.read(Source("body")) != c.read(Source("body"))
+def test_body_digest_is_the_bodys_bytes_whatever_the_framing() -> None:
+    config = _config()  # body_digest_max_bytes: 16
+
+    def digest(headers: list[tuple[bytes, bytes]], body: bytes, more: bool = False) -> bytes | None:
+        view = _view(config, headers)
+        view.body_prefix, view.body_more = body, more
+        return view.read(Source("body"))
+
+    short = b"order=42&qty=1"
+    by_length = digest([(b"content-length", b"%d" % len(short))], short)
+    assert by_length == digest([(b"transfer-encoding", b"chunked")], short)  # the same order, sent chunked
+    assert by_length != digest([(b"content-length", b"15")], short + b"2")  # another body
+    assert digest([], b"0123456789abcde") != digest([], b"0123456789abcde ")  # lengths within the bound differ
+    # past the bound only the first 16 bytes count, whether the rest was read or is still coming
+    long_a = digest([(b"content-length", b"40")], b"0123456789abcdef-and-more-beyond-the-bound")
+    assert long_a == digest([(b"transfer-encoding", b"chunked")], b"0123456789abcdef-", more=True)
+    assert long_a == digest([(b"content-length", b"41")], b"0123456789abcdef-something-else-entirely!!")
+    assert long_a != by_length
 
 
 def test_on_missing_reject_skip_ip_and_length_bound() -> None:
@@ -167,3 +174,36 @@ def test_on_missing_reject_skip_ip_and_length_bound() -> None:
     too_long = Rule("l", (Source("header", "x-long"),), "quota", limit=1)
     with pytest.raises(BadRequest):
         rule_identity(too_long, view)
+
+
+def test_a_jwt_not_valid_yet_is_no_permanent_no() -> None:
+    """Issued by an IdP whose clock runs ahead: `iat`/`nbf` a little in the future is within the
+    leeway for not-before (NOT_BEFORE_LEEWAY, 30 s); further ahead it is refused now and verified
+    again once it may be valid, not held refused until a reload (issue 17, V4)."""
+    verifier = JwtVerifier(JwtSettings(algorithms=("HS256",), secret="k" * 32))
+    now = int(time.time())
+    skewed = b"Bearer " + jwt.encode({"sub": "early", "iat": now + 2, "nbf": now + 2}, "k" * 32,
+                                     algorithm="HS256").encode()
+    assert verifier.claims(skewed) == {"sub": "early", "iat": now + 2, "nbf": now + 2}
+    ahead = now + int(NOT_BEFORE_LEEWAY) + 1  # valid in a second or two, not now
+    later = b"Bearer " + jwt.encode({"sub": "later", "nbf": ahead}, "k" * 32, algorithm="HS256").encode()
+    assert verifier.claims(later) is None
+    assert verifier.claims(later) is None  # the cached no, while it holds
+    deadline = time.monotonic() + 5
+    while verifier.claims(later) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert verifier.claims(later) == {"sub": "later", "nbf": ahead}
+
+
+def test_a_cached_jwt_yes_ends_with_its_exp() -> None:
+    verifier = JwtVerifier(JwtSettings(algorithms=("HS256",), secret="k" * 32))
+    exp = int(time.time()) + 1
+    token = b"Bearer " + jwt.encode({"sub": "brief", "exp": exp}, "k" * 32, algorithm="HS256").encode()
+    assert verifier.claims(token) == {"sub": "brief", "exp": exp}
+    while time.time() < exp + 0.05:
+        time.sleep(0.05)
+    assert verifier.claims(token) is None
+    # the not-before leeway never stretches an expiry
+    late = b"Bearer " + jwt.encode({"sub": "late", "iat": int(time.time()) + 5, "exp": int(time.time()) - 1},
+                                   "k" * 32, algorithm="HS256").encode()
+    assert verifier.claims(late) is None

@@ -78,8 +78,13 @@ def test_oversized_and_binary_files_are_refused(tmp_path: Path) -> None:
 def test_repository_routes_yaml_loads_into_the_expected_objects() -> None:
     config = load_config(REPO / "routes.yaml", env={})
     assert config.redis.url == "" and config.redis.timeout == 0.05 and config.redis.key_prefix == "rlgw"
-    assert [r.name for r in config.routes] == ["seckill", "api"]
-    seckill, api = config.routes
+    assert [r.name for r in config.routes] == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
+    seckill, login, notifications, internal, pro, api = config.routes
+    assert login.limits[0].count_on == frozenset({401}) and login.limits[0].charged_after
+    assert notifications.websocket and not seckill.websocket and not api.websocket
+    assert notifications.websocket_idle_timeout == 600.0 and api.websocket_idle_timeout == 3600.0
+    assert [str(n) for n in internal.when.client] == ["10.0.0.0/8", "192.168.0.0/16"] and not internal.limits
+    assert pro.when.headers == ((b"x-api-key", frozenset({b"pro-key-123"})),)
     assert seckill.methods == frozenset({"POST"}) and seckill.path == "/seckill/{item_id}"
     assert seckill.failure_mode == "closed" and api.failure_mode == "open"
     assert api.headers == "draft"
@@ -88,6 +93,7 @@ def test_repository_routes_yaml_loads_into_the_expected_objects() -> None:
     assert user.by == (Source("header", "x-user-id"),)
     assert (item.algorithm, item.limit, item.window) == ("sliding_window", 1000, 1.0)
     assert (stock.algorithm, stock.limit, stock.window) == ("quota", 100, 0.0)
+    assert stock.refund_on == frozenset(range(500, 600))
     assert dedupe.by == (Source("header", "x-user-id"), Source("body")) and dedupe.status == 409
     assert [r.window for r in api.limits[:2]] == [60.0, 120.0]
     assert api.limits[2].rate == 2000.0 and api.limits[2].by == ()

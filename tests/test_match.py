@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.config import Route, Upstream
+from gateway.config import Conditions, Route, Upstream
 from gateway.match import Router
 
 UP = Upstream("up", "http://127.0.0.1:1")
@@ -85,3 +85,21 @@ def test_a_template_matches_the_whole_path_whatever_its_characters() -> None:
     assert strict.match("GET", "", "/health.json\n") is None
     assert strict.match("GET", "", "/x/7\n") == (strict.routes[1].route, {"id": "7\n"})
     assert strict.allowed_methods("", "/files/a\nb") == {"GET"}
+
+
+def test_a_route_that_asks_who_is_asking_is_passed_over_when_not_met() -> None:
+    pro = Route(name="pro", path="/api/{rest:path}", methods=frozenset({"GET"}), host=None, upstream=UP, limits=(),
+                when=Conditions(headers=((b"x-plan", frozenset({b"pro"})),)))
+    router = Router([pro, route("free", "/api/{rest:path}", frozenset({"GET"})), route("all", "/{rest:path}")])
+    assert router.conditional
+
+    def named(meets: bool, method: str = "GET") -> str | None:
+        found = router.match(method, "h", "/api/x", lambda r: meets)
+        return found[0].name if found else None
+
+    assert named(True) == "pro"
+    assert named(False) == "free"  # the tier's path still has a route: the next one that matches
+    # the 405 rule is about methods alone: a POST is refused by the routes' methods, not by the tier
+    assert named(False, "POST") is None and router.allowed_methods("h", "/api/x") == {"GET"}
+    assert Router([pro]).match("GET", "h", "/api/x", lambda r: False) is None
+    assert not ROUTER.conditional

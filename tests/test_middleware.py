@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from tests.support.ports import free_port
 from tests.support.raw_http import Conn
@@ -39,6 +41,10 @@ routes:
     match: {{path: "/closed"}}
     failure_mode: closed
     limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
+  - name: chat
+    match: {{path: "/chat/{{room}}"}}
+    limits:
+      - {{name: room, by: ["path:room"], algorithm: fixed_window, limit: 2, window: 1h}}
   - name: open
     match: {{path: "/open"}}
     limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
@@ -159,5 +165,67 @@ def test_without_a_redis_url_it_starts_its_own_redis(tmp_path: Path) -> None:
         statuses = [app.client.post(f"/orders/{i}", content=str(i).encode(), headers={"X-User": "u"}).status_code
                     for i in range(4)]
         assert statuses == [200, 200, 200, 429]
+    finally:
+        assert "Traceback" not in app.stop()
+
+
+def test_a_bad_file_fails_the_apps_startup_not_its_requests(tmp_path: Path) -> None:
+    """A typo under RateLimitMiddleware: uvicorn (lifespan "auto", its default) exits with the errors
+    at start-up, instead of serving every request a 500."""
+    config = tmp_path / "limits.yaml"
+    config.write_text(textwrap.dedent("""\
+        version: 1
+        routes:
+          - name: orders
+            match: {path: "/orders/{item}"}
+            limits:
+              - {name: user, by: ["header:X-User"], algorithm: fixed_window, limit: 3, windw: 1h}
+        """))
+    env = {k: v for k, v in os.environ.items() if k != "GATEWAY_REDIS_URL"}
+    env["EMBED_CONFIG"] = str(config)
+    result = subprocess.run(
+        [sys.executable, "-m", "uvicorn", "tests.support.embedded_apps:starlette_app", "--port", str(free_port())],
+        env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert f"{config}:6: " in result.stderr and "windw" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "appears unsupported" not in result.stderr
+
+
+def test_websocket_handshakes_are_limited_and_a_refused_one_is_answered_429(tmp_path: Path,
+                                                                           redis_proc: RedisProcess) -> None:
+    """uvicorn supports `websocket.http.response`: the refusal is the proxy's 429, never the app's."""
+    app = Served("starlette_app", tmp_path, redis_proc.url)
+    try:
+        url = f"ws://127.0.0.1:{app.port}/chat/{uuid.uuid4().hex}"
+        for _ in range(2):
+            with connect(url) as ws:
+                ws.send("hello")
+                assert ws.recv() == "hello"
+                assert ws.response is not None
+                assert ws.response.headers["RateLimit-Policy"] == '"room";q=2;w=3600'
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url)
+        response = refused.value.response
+        assert response.status_code == 429
+        assert response.headers["Content-Type"] == "application/problem+json"
+        assert json.loads(response.body)["rule"] == "room"
+    finally:
+        assert "Traceback" not in app.stop()
+
+
+def test_a_refused_websocket_is_closed_with_1008_where_the_server_cannot_answer_it(
+        tmp_path: Path, redis_proc: RedisProcess) -> None:
+    app = Served("starlette_app_without_http_response", tmp_path, redis_proc.url)
+    try:
+        url = f"ws://127.0.0.1:{app.port}/chat/{uuid.uuid4().hex}"
+        for _ in range(2):
+            with connect(url) as ws:
+                ws.send("hello")
+                assert ws.recv() == "hello"
+        with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1008
+        assert "rate limit 'room' of route 'chat' exceeded" in closed.value.rcvd.reason
     finally:
         assert "Traceback" not in app.stop()

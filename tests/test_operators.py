@@ -266,7 +266,7 @@ def test_get_limits_lists_every_route_and_rule_with_its_parameters(example: Gate
     listing = httpx.get(example.admin_url + "/limits")
     assert listing.status_code == 200
     routes = {r["name"]: r for r in listing.json()["routes"]}
-    assert list(routes) == ["seckill", "api"]
+    assert list(routes) == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
     seckill = routes["seckill"]
     assert seckill["match"] == {"path": "/seckill/{item_id}", "methods": ["POST"], "host": None}
     assert seckill["failure_mode"] == "closed" and seckill["upstream"] == "shop"
@@ -277,12 +277,18 @@ def test_get_limits_lists_every_route_and_rule_with_its_parameters(example: Gate
                              "shadow": False, "on_missing": "reject"}
     assert rules["item"]["limit"] == 1000 and rules["item"]["window_seconds"] == 1.0
     assert rules["stock"]["algorithm"] == "quota" and rules["stock"]["limit"] == 100
+    assert rules["stock"]["refund_on"] == list(range(500, 600))
+    assert routes["login"]["rules"][0]["count_on"] == [401]
+    assert routes["internal"]["rules"] == []
     assert "period_seconds" not in rules["stock"], "a quota without period never refills"
     assert {k: rules["dedupe"][k] for k in ("algorithm", "limit", "window_seconds", "status", "by")} == {
         "algorithm": "sliding_log", "limit": 1, "window_seconds": 5.0, "status": 409,
         "by": ["header:x-user-id", "body"]}
     api = {r["name"]: r for r in routes["api"]["rules"]}
-    assert list(api) == ["ip-minute", "ip-2min", "global"]
+    assert list(api) == ["ip-minute", "ip-2min", "global", "in-flight"]
+    assert api["in-flight"] == {"name": "in-flight", "algorithm": "concurrency", "by": ["ip"], "limit": 4,
+                                "lease_seconds": 60.0, "cost": 1, "status": 429, "shadow": False,
+                                "on_missing": "reject"}
     assert api["global"]["rate_per_second"] == 2000.0 and api["global"]["burst"] == 200
 
 
@@ -292,7 +298,7 @@ def test_healthz_says_whether_redis_answers_and_the_breaker_state(example: Gatew
     body = health.json()
     assert body["status"] == "ok" and body["ready"] is True and body["breaker"] == "closed"
     assert body["redis"]["answers"] is True and body["redis"]["latency_ms"] < 1000
-    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 2}
+    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 6}
     unknown = httpx.get(example.admin_url + "/nothing-here")
     assert unknown.status_code == 404 and "no admin endpoint" in str(problem(unknown)["detail"])
     wrong = httpx.get(example.admin_url + "/reload")

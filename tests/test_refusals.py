@@ -1,7 +1,7 @@
 """Refusals from memory (gateway/refusals.py, issue 13), against real Redis and real gateways.
 
 1. A property: the same requests at the same moments get the same answers through the cache
-   (LocalRefusals.decide, as gateway/guard.py calls it) as the models (tests/support/
+   (LocalRefusals.decide, as gateway/pipeline.py calls it) as the models (tests/support/
    limiter_models.py) give without it, for every algorithm, alone and in routes of several rules;
    an answer from memory is the model's refusal (its rule, remaining, and a retry and reset that
    count down, at most 1 ms above the model's).
@@ -392,9 +392,10 @@ def test_a_flood_of_held_refusals_never_reaches_redis(gateway: GatewayProcess, o
         assert int(later.headers["retry-after"]) == -(-body["retry_after_ms"] // 1000)
         assert later.headers["ratelimit"].startswith('"user";r=0;t=')
     assert json.loads(first.content)["detail"] == "rate limit 'user' of route 'flood' exceeded"
-    sample = 'gateway_requests_total{outcome="refused_locally",route="flood"}'
+    sample = 'gateway_requests_total{decided_by="memory",outcome="refused",route="flood"}'
     assert metric(gateway, sample) >= 200
-    assert metric(gateway, 'gateway_rule_decisions_total{outcome="refused_locally",route="flood",rule="user"}') >= 200
+    rule = 'gateway_rule_decisions_total{decided_by="memory",outcome="refused",route="flood",rule="user"}'
+    assert metric(gateway, rule) >= 200
 
 
 def test_held_refusals_answered_before_the_app_keep_order_and_framing(

@@ -19,7 +19,7 @@ from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import Request
 from gateway.http.transport import LeanTransport
-from gateway.proxy import TRANSPORTS, RequestBody, UpstreamClient
+from gateway.proxy import TRANSPORTS, ClientTooSlow, RequestBody, UpstreamClient
 from tests.support.upstream import Upstream as AiohttpUpstream
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -232,11 +232,14 @@ def test_a_body_delimited_by_the_end_of_the_connection_arrives_whole(transport: 
     run(go())
 
 
-def test_informational_answers_are_skipped_and_head_reuses_the_connection(transport: str) -> None:
+def test_informational_answers_are_skipped_and_head_reuses_the_connection_when_it_announces_no_body(
+        transport: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         while True:
             head = await read_request(reader)
-            if head.startswith(b"HEAD"):
+            if head.startswith(b"HEAD /empty"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            elif head.startswith(b"HEAD"):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n")  # and no body
             else:
                 writer.write(b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n" + OK)
@@ -244,13 +247,20 @@ def test_informational_answers_are_skipped_and_head_reuses_the_connection(transp
     async def go() -> None:
         async with RawServer(handler) as server:
             pool = pool_for(transport, server.url)
+            status, out = await forward(pool, b"HEAD", b"/empty")
+            assert (status, out.body, out.finished) == (200, b"", True)
+            status, out = await forward(pool)
+            assert (status, out.body) == (200, b"ok")
+            assert all(name != b"link" for name, _ in out.headers)
+            assert server.connections == 1
             status, out = await forward(pool, b"HEAD")
             assert (status, out.body, out.finished) == (200, b"", True)
             assert (b"content-length", b"1000") in out.headers
             status, out = await forward(pool)
             assert (status, out.body) == (200, b"ok")
-            assert all(name != b"link" for name, _ in out.headers)
-            assert server.connections == 1
+            # a body announced and never sent by its framing may still come, late: that connection
+            # is closed (httpx's reuses it; tests/conformance shows what the next request then reads)
+            assert server.connections == (2 if transport == "lean" else 1)
             await pool.close()
 
     run(go())
@@ -353,3 +363,31 @@ def test_a_body_of_unknown_length_is_sent_chunked_and_arrives_exact(transport: s
 
     run(go())
 
+
+
+def test_a_body_below_the_minimum_rate_is_too_slow_whatever_its_pauses(transport: str, aiohttp_upstream: Any) -> None:
+    """Each pause is far shorter than the body timeout, yet the body as a whole comes slower than
+    `min_rate` once the grace period is spent: the client is too slow (408), and the upstream
+    connection it held is free again. The same body sent without pauses arrives whole."""
+    head = b"a" * 20_000  # more than is read before the upstream connection is taken
+
+    def trickle(pause: float) -> Callable[[], Awaitable[dict[str, Any]]]:
+        pieces = iter([b"b" * 10] * 200)
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(pause)
+            piece = next(pieces, None)
+            return {"type": "http.request", "body": piece or b"", "more_body": piece is not None}
+        return receive
+
+    async def go() -> None:
+        pool = pool_for(transport, aiohttp_upstream.url, max_connections=1)
+        slow = RequestBody(head, True, trickle(0.05), min_rate=1_000_000, grace=0.2)
+        with pytest.raises(ClientTooSlow):
+            await forward(pool, b"POST", b"/upload", [], slow)
+        fast = RequestBody(head, True, trickle(0), min_rate=1_000_000, grace=0.2)
+        status, out = await forward(pool, b"POST", b"/upload", [], fast)
+        assert status == 200 and json.loads(out.body)["length"] == len(head) + 2000
+        await pool.close()
+
+    run(go())

@@ -4,16 +4,21 @@
 upstream could read differently from the gateway (SPEC section 4, "Framing and hostile input"):
 
 - Content-Length together with Transfer-Encoding, or differing Content-Lengths: 400;
-  a transfer-coding other than chunked: 501; an Upgrade (WebSocket, h2c) or CONNECT: 501;
+  a transfer-coding other than chunked: 501; CONNECT, or an Upgrade other than a WebSocket
+  handshake (h2c, an Upgrade without `Connection: upgrade`, not a GET on HTTP/1.1): 501; a
+  WebSocket handshake carrying a body: 400 (whether its route takes WebSocket is the pipeline's
+  question, once the route is known);
 - no Host on HTTP/1.1, more than one Host, or a Host that is not a host: 400;
 - a head larger than `max_head_bytes`, whatever the server protocol buffered: 431;
 - a target that is not a path, an encoded `/` or `\\` or control character (NUL, CR, LF, ...), a
   bad percent-escape, or a path that climbs above the root: 400.
 
-What passes is the request both the limiter and the upstream see: headers named in `Connection`
-and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines joined into one
-list, and the path normalized (unreserved escapes decoded, dot segments removed, slashes merged)
-into `raw_path`, which is exactly what the upstream receives. Trailers never get here: the server
+What passes is the canonical request, the one both the limiter and the upstream read (RFC 9110
+5.5): field values without leading or trailing whitespace (and forwarded so), headers named in
+`Connection` and the hop-by-hop set removed *before* identities are read, X-Forwarded-For lines
+joined into one list, the host lowercased without a trailing dot or its scheme's default port, and
+the path normalized (unreserved escapes decoded, dot segments removed, slashes merged) into
+`raw_path`, which is exactly what the upstream receives. Trailers never get here: the server
 protocol drops them.
 """
 
@@ -42,6 +47,7 @@ REWRITTEN = frozenset({
 _FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
 _NOT_FORWARDED = HOP_BY_HOP | REWRITTEN
 _NONE: frozenset[bytes] = frozenset()
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 _ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -71,13 +77,15 @@ class Request:
     request_id: bytes | None = None      # X-Request-Id as sent
     dropped: frozenset[bytes] = frozenset()    # end-to-end fields named in Connection (removed)
     underscored: frozenset[bytes] = frozenset()  # names sent with `_`, spelled with `-`
+    trimmed: bool = False                # some field value came with whitespace around it
+    upgrade: bool = False                # a WebSocket handshake (Upgrade: websocket, no body)
 
     @property
     def hostname(self) -> str:
-        """The Host without its port, lowercase ("" when none): what `match.host` compares."""
+        """The host without its port ("" when none): what `match.host` compares."""
         if not self.host:
             return ""
-        text = self.host.decode("latin-1").lower()
+        text = self.host.decode("latin-1")
         if text.startswith("["):
             return text.split("]")[0] + "]"
         return text.rsplit(":", 1)[0] if ":" in text else text
@@ -119,9 +127,14 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
     forwarded: list[bytes] = []
     connection: list[bytes] = []
     request_id: bytes | None = None
-    upgrade = False
+    upgrades: list[bytes] = []
+    trimmed = False
     for name, value in scope["headers"]:
         size += len(name) + len(value) + 4
+        stripped = value.strip(b" \t")  # llhttp keeps trailing whitespace; h11 and most apps do not
+        if stripped is not value:
+            value = stripped
+            trimmed = True
         if name in _NOT_FORWARDED:
             if name == b"host":
                 hosts.append(value)
@@ -134,7 +147,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
             elif name == b"connection":
                 connection.append(value)
             elif name == b"upgrade":
-                upgrade = True
+                upgrades.append(value)
             elif name == b"x-request-id":
                 if request_id is None:
                     request_id = value
@@ -150,10 +163,10 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         raise HeadTooLarge(f"request line and headers exceed {max_head_bytes // 1024} KiB")
 
     dropped: set[bytes] = set()
+    connection_upgrade = False
     if connection:
         named = {t.strip().lower() for v in connection for t in v.split(b",")} - {b""}
-        if b"upgrade" in named:
-            upgrade = True
+        connection_upgrade = b"upgrade" in named
         dropped = named - _FRAMING
         if b"x-forwarded-for" in dropped:
             forwarded = []
@@ -161,8 +174,15 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
             headers = [(n, v) for n, v in headers if n not in dropped]
             first = {n: v for n, v in first.items() if n not in dropped}
             repeated -= dropped
-    if upgrade:
-        raise NotImplementedRequest("protocol upgrades (WebSocket, h2c) are not supported")
+    websocket = False
+    if upgrades or connection_upgrade:
+        # RFC 6455 4.1: a GET on HTTP/1.1, `Upgrade: websocket` named in `Connection`. Anything else
+        # (h2c, a second Upgrade line, an Upgrade the Connection field does not name) is refused:
+        # the upstream could switch where the gateway would not
+        websocket = (connection_upgrade and len(upgrades) == 1 and upgrades[0].lower() == b"websocket"
+                     and method == "GET" and scope.get("http_version", "1.1") == "1.1")
+        if not websocket:
+            raise NotImplementedRequest("protocol upgrades other than WebSocket (h2c, ...) are not supported")
 
     chunked = False
     if codings:
@@ -182,14 +202,17 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         if not text.isdigit() or len(text) > 18:
             raise BadRequest("Content-Length is not a number")
         content_length = int(text)
+    if websocket and (chunked or content_length):
+        # after a 101 the bytes that follow the head are the tunnel's: a body would be read as
+        # frames by one side and as a request body by the other
+        raise BadRequest("a WebSocket handshake carries no body")
 
     host = None
+    scheme = scope.get("scheme", "http")
     if len(hosts) > 1:
         raise BadRequest("the request carries more than one Host")
     if hosts:
-        host = hosts[0].strip()
-        if not _HOST.match(host):
-            raise BadRequest("the Host header is not a host")
+        host = canonical_host(hosts[0], scheme)
     elif scope.get("http_version", "1.1") != "1.0":
         raise BadRequest("an HTTP/1.1 request must carry a Host header")
 
@@ -207,7 +230,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         raw_path=raw_path,
         query=query,
         peer=client[0] if client else "0.0.0.0",
-        scheme=scope.get("scheme", "http"),
+        scheme=scheme,
         host=host,
         forwarded_for=b", ".join(v.strip() for v in forwarded) if forwarded else None,
         content_length=content_length,
@@ -219,7 +242,34 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         dropped=frozenset(dropped) if dropped else _NONE,
         # one search of all the names: `bytes in bytes` costs ~150 ns a time on CPython 3.11
         underscored=frozenset(n.replace(b"_", b"-") for n in first if b"_" in n) if b"_" in b"".join(first) else _NONE,
+        trimmed=trimmed,
+        upgrade=websocket,
     )
+
+
+def canonical_host(value: bytes, scheme: str) -> bytes:
+    """The authority as every upstream and resolver reads it: lowercase, the DNS root's trailing
+    dot dropped, no port when it is the scheme's default. 400 for what is not a host, and for what
+    resolvers may read two ways (an empty label, a percent-escape)."""
+    if not _HOST.match(value):
+        raise BadRequest("the Host header is not a host")
+    host, port = value.lower(), b""
+    if not host.startswith(b"["):
+        host, _, port = host.partition(b":")
+        if b"%" in host:
+            raise BadRequest("a percent-escape in the Host is ambiguous")
+        if host.endswith(b"."):
+            host = host[:-1]  # a.example. and a.example are one name
+        if host.startswith(b".") or b".." in host:
+            raise BadRequest("the Host header is not a host")
+    else:
+        host, _, port = host.partition(b"]:")
+        host = host.rstrip(b"]") + b"]"
+    if port and int(port) > 65535:
+        raise BadRequest("the Host header's port is out of range")
+    if port and int(port) == _DEFAULT_PORTS.get(scheme):
+        port = b""
+    return host + b":" + port if port else host
 
 
 def normalize_path(raw: bytes) -> bytes:

@@ -4,9 +4,9 @@ shutdown); this class replaces its per-request machinery, which cost ~30 µs a r
 hello-world ASGI app: 23k req/s under uvicorn's protocol, 79k on a bare httptools protocol).
 
 What a proxy facing the internet needs, and uvicorn's protocol did not bound:
-- the request line and headers together may not exceed `MAX_HEADER_BYTES` (431), the URL alone
+- the request line and headers together may not exceed `max_header_bytes` (431), the URL alone
   `MAX_URL_BYTES` (414); nothing past the bound is buffered;
-- a client must finish sending its headers within `HEADER_TIMEOUT` seconds of starting (408), and
+- a client must finish sending its headers within `header_timeout` seconds of starting (408), and
   a connection that says nothing is closed after as long: slowloris connections are not held open;
 - malformed requests, including conflicting Content-Length / Transfer-Encoding, are refused by the
   parser (400, problem+json) and never forwarded; a transfer-coding other than chunked and CONNECT
@@ -14,34 +14,73 @@ What a proxy facing the internet needs, and uvicorn's protocol did not bound:
   after it) never enters the app: neither counted nor forwarded;
 - an absolute-form target's authority is the request's host (RFC 9112 3.2.2): the route, the
   limit and X-Forwarded-Host read it, not the Host field.
-One timer per connection covers the head and keep-alive timeouts; it is armed when none is
-pending and, when it fires, sleeps again for whatever is left, so a request arms none.
+- a head of more than `MAX_HEADER_FIELDS` fields is a 431; a version other than 1.0 and 1.1 a 505;
+  an absolute-form target of a scheme other than http and https a 400. An HTTP/1.0 client never
+  receives a chunked body (the connection delimits it), and a 408 ends the connection.
+Upgrades. A request llhttp reads as an Upgrade (`Connection: upgrade` + `Upgrade`) is never kept
+alive: nothing after its head is parsed as HTTP again. Its scope carries the ASGI extension
+`gateway.upgrade`, `{"accept": accept}`: `await accept(headers)` writes `101 Switching Protocols`
+with `headers` and returns the client's connection as an `UpgradedStream` (gateway/http/upgraded.py,
+httpcore's network-stream interface), holding whatever the client sent after the head; the
+connection ends when the app returns. An app that answers anything else sends an ordinary
+response, after which the connection closes: bytes sent after an Upgrade head are only ever read
+as a tunnel, and only once the app accepted. On uvicorn's graceful shutdown an open tunnel is left
+to run until the drain timeout, when uvicorn cancels its task and the connection closes.
+Its settings and the early-answer hook come through uvicorn's config (`ServerConfig`), which
+uvicorn hands to every connection's protocol. One timer per connection covers the head and
+keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
+whatever is left, so a request arms none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 import httptools
+import uvicorn
 
-# The worker sets it to the gateway's `held_refusal`: a request it answers (a refusal held in
-# memory) is answered here, before the application is entered: no task, no ASGI messages. It is
-# asked only about keep-alive requests that expect a body in the answer (not HEAD, no Expect), and
-# answers with a whole response (`head_lines` + more lines + b"\r\n" + a body its Content-Length frames).
-EARLY_ANSWER: Callable[[dict[str, Any]], bytes | None] | None = None
+from gateway.http.problem import problem
+from gateway.http.upgraded import UpgradedStream
+
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
+MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
+UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
+
+Headers = list[tuple[bytes, bytes]]
+EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What the gateway sets of this protocol, handed to every connection through uvicorn's config."""
+
+    max_header_bytes: int = MAX_HEADER_BYTES
+    header_timeout: float = HEADER_TIMEOUT
+    # Asked before the application is entered, about keep-alive requests that expect a body in the
+    # answer (not HEAD, no Expect): a whole answer (status, headers, a body its Content-Length
+    # frames) is sent at once, with no task and no ASGI messages; None: the application serves it.
+    early_answer: EarlyAnswer | None = None
+
+
+class ServerConfig(uvicorn.Config):
+    """uvicorn's Config, serving the app with `HttpProtocol` and these options."""
+
+    def __init__(self, app: Any, options: ServerOptions, **kwargs: Any) -> None:
+        super().__init__(app, http=HttpProtocol, **kwargs)
+        self.options = options
+
 
 log = logging.getLogger("gateway.http")
 
@@ -68,13 +107,10 @@ def head_lines(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
-def _problem_bytes(status: int, title: str, detail: str) -> bytes:
-    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
-    head = (
-        f"HTTP/1.1 {status} {title}\r\ncontent-type: application/problem+json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode()
-    return head + body
+def _problem_bytes(status: int, detail: str) -> bytes:
+    """A problem answer after which the connection ends."""
+    status, headers, body = problem(status, detail)
+    return head_lines(status, [*headers, (b"connection", b"close")]) + b"\r\n" + body
 
 
 class Exchange:
@@ -162,9 +198,24 @@ class Exchange:
             self.response_complete = True
             conn.response_done(self)
 
+    async def accept_upgrade(self, headers: Headers) -> UpgradedStream:
+        """Switch protocols: 101 with `headers`, then the client's connection as raw bytes."""
+        conn = self.conn
+        if self.response_started or self.disconnected or not conn.upgraded or conn.transport.is_closing():
+            raise ConnectionResetError("the client connection cannot switch protocols")
+        self.response_started = True
+        self.expect_100 = False
+        tunnel = conn.tunnel = UpgradedStream(conn, conn.transport, conn.loop, READ_HIGH_WATER)
+        conn.transport.write(head_lines(101, headers) + b"\r\n")
+        early, conn.early = conn.early, b""
+        tunnel.feed(early)
+        conn.resume_reading()
+        return tunnel
+
     def _head(self, status: int, headers: Any) -> bytes:
         parts = [_status_line(status)]
         fixed = chunked = close = False
+        old_client = self.scope["http_version"] == "1.0"
         for name, value in headers:
             lowered = name.lower()
             if lowered == b"content-length":
@@ -174,21 +225,28 @@ class Exchange:
             elif lowered == b"transfer-encoding":
                 chunked = value.lower() == b"chunked"
                 self.left = -1
+                if old_client:
+                    continue  # an HTTP/1.0 client never receives a transfer-coding (RFC 9112 6.1)
             elif lowered == b"connection" and b"close" in value.lower():
                 self.keep_alive = False
                 close = True
             parts += (name, b": ", value, b"\r\n")
-        if not self.keep_alive and not close:
-            parts.append(b"connection: close\r\n")
+        if status == 408:
+            self.keep_alive = False  # the request's body is in doubt: the connection ends (RFC 9110 15.5.9)
         if self.scope["method"] == "HEAD" or status in (204, 304):
             self.bodiless = True
             self.left = -1
             self.chunked = False
+        elif old_client and not fixed:
+            self.chunked = False  # the body ends with the connection, as HTTP/1.0 delimits it
+            self.keep_alive = False
         elif not fixed and not chunked:
             self.chunked = chunked = True
             parts.append(b"transfer-encoding: chunked\r\n")
         else:
             self.chunked = chunked
+        if not self.keep_alive and not close:
+            parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         return b"".join(parts)
 
@@ -243,6 +301,10 @@ class HttpProtocol(asyncio.Protocol):
         if not config.loaded:
             config.load()
         self.app = config.loaded_app
+        options = config.options if isinstance(config, ServerConfig) else ServerOptions()
+        self.max_header_bytes = options.max_header_bytes
+        self.header_timeout = options.header_timeout
+        self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
         self.connections: set[Any] = server_state.connections
@@ -280,6 +342,8 @@ class HttpProtocol(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.deferred_refusal = b""   # a bad pipelined request: answered after those before it
         self.upgraded = False         # an Upgrade head was read: nothing after it is ever parsed
+        self.early = b""              # bytes after an Upgrade head, kept until the app accepts it
+        self.tunnel: UpgradedStream | None = None  # the upgrade was accepted: bytes go here
         self.body_delivered = 0       # body bytes the parser has handed over on this connection
         self.framing_bytes = 0        # bytes read since the last body bytes (chunk framing, trailers)
         # answered early: the next STEP_ASIDE turns of the loop, what arrives waits in `stashed`
@@ -310,12 +374,18 @@ class HttpProtocol(asyncio.Protocol):
             if exchange is not None and not exchange.response_complete:
                 exchange.disconnected = True
                 exchange.wake()
+        if self.tunnel is not None:
+            self.tunnel.end()
         self.write_paused = False
         self._wake_drain()
 
     def eof_received(self) -> bool:
         """The client half-closed: a request it sent whole is still answered, then the connection
-        ends; one whose body can no longer arrive is a disconnect."""
+        ends; one whose body can no longer arrive is a disconnect. A tunnel is told, and the app
+        closes it."""
+        if self.tunnel is not None:
+            self.tunnel.end()
+            return True
         exchange = self.exchange
         if exchange is not None and not exchange.response_complete and not exchange.more_body:
             exchange.keep_alive = False
@@ -323,6 +393,16 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
     def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.feed(data)
+            return
+        if self.upgraded and not self.deferred_refusal:
+            # held until the app accepts the upgrade (or the connection ends); reading is paused
+            # since the Upgrade head, and again if a pipelined request's end resumed it
+            self.early += data
+            if len(self.early) > READ_HIGH_WATER:
+                self._pause_reading()
+            return
         if self.deferred_refusal or self.upgraded:
             # the parser failed on this connection, or read an Upgrade head: nothing more is read
             # (reading resumes for the requests pipelined before, and must not feed the parser)
@@ -341,10 +421,12 @@ class HttpProtocol(asyncio.Protocol):
         delivered = self.body_delivered
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # No protocol switch through the gateway: the app refuses the request (501) and the
-            # connection ends after that answer; nothing sent after the head is read.
+        except httptools.HttpParserUpgrade as exc:
+            # The parser stops at an Upgrade head: the app accepts it (a tunnel), or answers and
+            # the connection ends after that answer; what follows the head is never parsed.
             self.upgraded = True
+            offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+            self.early = data[offset:]
             exchange = self.pipeline[-1] if self.pipeline else self.exchange
             if exchange is not None:
                 exchange.keep_alive = False
@@ -354,19 +436,17 @@ class HttpProtocol(asyncio.Protocol):
             return
         except httptools.HttpParserError as exc:
             if not self.transport.is_closing():
-                self._refuse(400, "Bad Request", f"invalid HTTP request: {exc}")
+                self._refuse(400, f"invalid HTTP request: {exc}")
             return
-        if counting and self.in_head and self.head_bytes > MAX_HEADER_BYTES + MAX_URL_BYTES:
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request line and headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+        if counting and self.in_head and self.head_bytes > self.max_header_bytes + MAX_URL_BYTES:
+            self._refuse(431, f"request line and headers exceed {self.max_header_bytes // 1024} KiB")
         elif not counting and not self.in_head:
             # Inside a body: reads that carry no body bytes are chunk framing or trailers, which
             # llhttp buffers field by field; bounded like a head, however they trickle in.
             if self.body_delivered == delivered:
                 self.framing_bytes += len(data)
-                if self.framing_bytes > MAX_HEADER_BYTES:
-                    self._refuse(431, "Request Header Fields Too Large",
-                                 f"chunk framing or trailers exceed {MAX_HEADER_BYTES // 1024} KiB")
+                if self.framing_bytes > self.max_header_bytes:
+                    self._refuse(431, f"chunk framing or trailers exceed {self.max_header_bytes // 1024} KiB")
             else:
                 self.framing_bytes = 0
 
@@ -394,17 +474,21 @@ class HttpProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
         if len(self.url) > MAX_URL_BYTES:
-            self._refuse(414, "URI Too Long", f"the URL exceeds {MAX_URL_BYTES // 1024} KiB")
+            self._refuse(414, f"the URL exceeds {MAX_URL_BYTES // 1024} KiB")
             raise httptools.HttpParserError("URL too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head_complete:
             return  # a trailer field: never a header (RFC 9110 section 6.5.1), dropped
+        if len(self.headers) >= MAX_HEADER_FIELDS:
+            # thousands of empty fields fit in the byte bound, and each costs Python objects in
+            # every place that reads the head: bounded by count as well
+            self._refuse(431, f"more than {MAX_HEADER_FIELDS} header fields")
+            raise httptools.HttpParserError("too many fields")
         self.parsed_head_bytes += len(name) + len(value) + 4
-        if self.parsed_head_bytes > MAX_HEADER_BYTES:
+        if self.parsed_head_bytes > self.max_header_bytes:
             # counted field by field, so one read carrying a whole oversized head is caught too
-            self._refuse(431, "Request Header Fields Too Large",
-                         f"request headers exceed {MAX_HEADER_BYTES // 1024} KiB")
+            self._refuse(431, f"request headers exceed {self.max_header_bytes // 1024} KiB")
             raise httptools.HttpParserError("head too large")
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -420,18 +504,24 @@ class HttpProtocol(asyncio.Protocol):
         self.head_started = 0.0
         parser = self.parser
         version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":  # llhttp lets HTTP/2.0 and HTTP/0.9 request lines through
+            self._refuse(505, f"HTTP/{version} is not supported (only 1.0 and 1.1)")
+            raise httptools.HttpParserError("version")
         method = parser.get_method()
         if method == b"CONNECT":  # its target is an authority, not a path: no tunnel through the gateway
-            self._refuse(501, "Not Implemented", "CONNECT is not supported")
+            self._refuse(501, "CONNECT is not supported")
             raise httptools.HttpParserError("CONNECT")
         codings = self.codings
         if codings and b",".join(codings).rsplit(b",", 1)[-1].strip().lower() != b"chunked":
             # llhttp fails such a request right after this callback (its length is unknown); the
             # SPEC's answer, as nginx's, is a 501, and the app is never entered
             coding = b",".join(codings).strip()[:64].decode("latin-1")
-            self._refuse(501, "Not Implemented", f"transfer-coding {coding!r} is not supported (only chunked)")
+            self._refuse(501, f"transfer-coding {coding!r} is not supported (only chunked)")
             raise httptools.HttpParserError("transfer-coding")
         parsed = httptools.parse_url(self.url)
+        if parsed.schema is not None and parsed.schema.lower() not in (b"http", b"https"):
+            self._refuse(400, "an absolute-form target must be http or https")
+            raise httptools.HttpParserError("scheme")
         if parsed.host:
             self._absolute_form(parsed, version)
         raw_path: bytes = parsed.path or b"/"
@@ -444,9 +534,13 @@ class HttpProtocol(asyncio.Protocol):
             "root_path": "", "path": path, "raw_path": raw_path, "query_string": parsed.query or b"",
             "headers": self.headers, "state": self.app_state.copy(),
         }
-        exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive(), self.expect_100)
+        upgrade = parser.should_upgrade()  # never kept alive, never answered early: what follows is not HTTP
+        exchange = Exchange(self, scope, version != "1.0" and parser.should_keep_alive() and not upgrade,
+                            self.expect_100)
+        if upgrade:
+            scope["extensions"] = {UPGRADE: {"accept": exchange.accept_upgrade}}
         if self.exchange is None or self.exchange.response_complete:
-            if (EARLY_ANSWER is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
+            if (self.early_answer is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
                     or not self._answer_early(exchange)):
                 self._start(exchange)
         else:  # pipelined behind a response still in progress
@@ -459,7 +553,7 @@ class HttpProtocol(asyncio.Protocol):
         required on HTTP/1.1 and counted (none or two: 400, as nginx), and the authority is checked
         as a Host."""
         if parsed.userinfo is not None:
-            self._refuse(400, "Bad Request", "a target with userinfo is ambiguous")
+            self._refuse(400, "a target with userinfo is ambiguous")
             raise httptools.HttpParserError("userinfo")
         host: bytes = parsed.host
         authority = b"[%b]" % host if b":" in host else host
@@ -491,11 +585,11 @@ class HttpProtocol(asyncio.Protocol):
     # --- the app -------------------------------------------------------------------------------
 
     def _answer_early(self, exchange: Exchange) -> bool:
-        """Answer without the application when EARLY_ANSWER has the answer (in order: only when
+        """Answer without the application when `early_answer` has the answer (in order: only when
         no response is in progress). The request's body, if any, is read and dropped by the parser."""
-        assert EARLY_ANSWER is not None
+        assert self.early_answer is not None
         try:
-            answer = EARLY_ANSWER(exchange.scope)
+            answer = self.early_answer(exchange.scope)
         except Exception:
             log.exception("answering a request early failed; the application serves it")
             return False
@@ -503,7 +597,8 @@ class HttpProtocol(asyncio.Protocol):
             return False
         exchange.response_started = True
         self.exchange = exchange
-        self.transport.write(answer)
+        status, headers, body = answer
+        self.transport.write(head_lines(status, headers) + b"\r\n" + body)
         exchange.response_complete = True
         self.response_done(exchange)
         if STEP_ASIDE and not self.transport.is_closing():
@@ -536,17 +631,26 @@ class HttpProtocol(asyncio.Protocol):
         exchange.entered = True
         try:
             await self.app(exchange.scope, exchange.receive, exchange.send)
-        except BaseException as exc:
-            log.error("exception in the request handler", exc_info=exc)
-            if not exchange.response_started and not self.transport.is_closing():
-                self._refuse(500, "Internal Server Error", "the gateway failed to handle the request")
-            else:
+        except asyncio.CancelledError as exc:
+            if self.tunnel is not None:  # a tunnel still open at the end of the drain timeout
                 self.transport.close()
+                raise
+            self._failed(exchange, exc)
+            raise
+        except BaseException as exc:
+            self._failed(exchange, exc)
             if not isinstance(exc, Exception):
                 raise
             return
         if not exchange.response_complete and not exchange.disconnected:
             # a response broken off (the upstream failed mid-body): never made to look complete
+            self.transport.close()
+
+    def _failed(self, exchange: Exchange, exc: BaseException) -> None:
+        log.error("exception in the request handler", exc_info=exc)
+        if not exchange.response_started and not self.transport.is_closing():
+            self._refuse(500, "the gateway failed to handle the request")
+        else:
             self.transport.close()
 
     def response_done(self, exchange: Exchange) -> None:
@@ -570,13 +674,26 @@ class HttpProtocol(asyncio.Protocol):
             self._arm()
 
     def shutdown(self) -> None:
-        """uvicorn's graceful shutdown: close when idle, else after the response in flight."""
+        """uvicorn's graceful shutdown: close when idle, else after the response in flight (a
+        tunnel runs on until uvicorn cancels it at the end of its graceful timeout)."""
         if self.exchange is None or self.exchange.response_complete:
             self.transport.close()
         else:
             self.exchange.keep_alive = False
 
     # --- flow control --------------------------------------------------------------------------
+
+    def pause_side(self) -> None:  # gateway.http.upgraded.Side
+        self._pause_reading()
+
+    def resume_side(self) -> None:
+        self.resume_reading()
+
+    async def writable(self) -> None:
+        if self.write_paused and not self.transport.is_closing():
+            await self.drain()
+        if self.transport.is_closing():
+            raise ConnectionResetError("the client connection is closed")
 
     def _pause_reading(self) -> None:
         if not self.read_paused and not self.transport.is_closing():
@@ -604,7 +721,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _arm(self) -> None:
         if self.timer is None:
-            self.timer = self.loop.call_later(min(HEADER_TIMEOUT, self.keep_alive_timeout), self._check)
+            self.timer = self.loop.call_later(min(self.header_timeout, self.keep_alive_timeout), self._check)
 
     def _check(self) -> None:
         self.timer = None
@@ -615,18 +732,18 @@ class HttpProtocol(asyncio.Protocol):
             return  # a request in progress; its response's end arms the timer again
         now = self.loop.time()
         if self.head_started:  # a head is arriving
-            left = self.head_started + HEADER_TIMEOUT - now
+            left = self.head_started + self.header_timeout - now
             if left <= 0:
-                self._refuse(408, "Request Timeout", f"request headers not received within {HEADER_TIMEOUT:.0f}s")
+                self._refuse(408, f"request headers not received within {self.header_timeout:.0f}s")
                 return
         else:  # silent since connecting, or idle between requests
-            left = self.idle_since + (self.keep_alive_timeout if self.served else HEADER_TIMEOUT) - now
+            left = self.idle_since + (self.keep_alive_timeout if self.served else self.header_timeout) - now
             if left <= 0:
                 self.transport.close()
                 return
         self.timer = self.loop.call_later(left, self._check)
 
-    def _refuse(self, status: int, title: str, detail: str) -> None:
+    def _refuse(self, status: int, detail: str) -> None:
         """Answer a request the parser refused and end the connection. Requests received whole
         before it are answered first, in order: the refusal never takes another request's place."""
         log.info("refused a request: %s", detail)
@@ -636,7 +753,7 @@ class HttpProtocol(asyncio.Protocol):
         if current is not None and current.response_started and not current.response_complete:
             self.transport.close()  # never written into the middle of a response: the connection ends
             return
-        answer = _problem_bytes(status, title, detail)
+        answer = _problem_bytes(status, detail)
         if current is not None and current.more_body and not current.entered and not current.response_started:
             # refused in the read that carried its head: the app, whose task has not run yet, is
             # never entered, so the request is neither counted nor forwarded

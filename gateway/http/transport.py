@@ -13,8 +13,16 @@ Framing is strict (SPEC section 4): exactly one response is read per request; by
 close the connection and are never read as a response; a response head over `MAX_HEAD_BYTES`, a
 transfer-coding other than chunked, or Content-Length with Transfer-Encoding is an invalid
 response; trailers never become headers; a connection whose request body was not sent whole is
-never reused. The request's framing is the caller's: its Content-Length or
-`Transfer-Encoding: chunked` header says how the body is sent.
+never reused, nor one whose answer has no body by its framing (HEAD, 204, 304) while its head
+announces one (a body sent anyway would come late, as the next request's answer). The request's
+framing is the caller's: its Content-Length or `Transfer-Encoding: chunked` header says how the
+body is sent.
+
+Upgrades: a request that carries `Upgrade` and `Connection: upgrade` may be answered 101; the
+response then has httpcore's `network_stream` extension (an `UpgradedStream`, gateway/http/upgraded.py)
+holding whatever the upstream sent after the head, and its connection leaves the pool: no longer
+counted against `max_connections`, never reused, closed by whoever holds the stream. A 101 to any
+other request is an invalid response.
 
 Errors leave as httpx's own exception types (ConnectError, ConnectTimeout, PoolTimeout,
 ReadTimeout, RemoteProtocolError, WriteError), so the caller converts one family at one edge.
@@ -33,6 +41,7 @@ import httptools
 import httpx
 
 from gateway.config import Upstream
+from gateway.http.upgraded import UpgradedStream
 
 READ_HIGH_WATER = 256 * 1024  # response bytes held for a slow client before the upstream is paused
 IDLE_TIMEOUT = 15.0           # an idle keep-alive connection is closed after this long unused
@@ -66,6 +75,8 @@ class Connection(asyncio.Protocol):
         self.drain_waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timeout = 0.0
+        self.upgrading = False           # the request asks to switch protocols: a 101 is its answer
+        self.tunnel: UpgradedStream | None = None  # switched: bytes go here, never to the parser
         self._reset()
 
     def _reset(self) -> None:
@@ -96,6 +107,9 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.feed(data)
+            return
         if self.head is None:  # nothing asked: an idle connection must not speak
             self.close()
             return
@@ -106,8 +120,11 @@ class Connection(asyncio.Protocol):
         delivered = self.body_delivered
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.fail(httpx.RemoteProtocolError(f"upstream '{self.pool.name}' switched protocols"))
+        except httptools.HttpParserUpgrade as exc:
+            if self.upgrading and self.status == 101:
+                self._switch(data[exc.args[0]:] if exc.args and isinstance(exc.args[0], int) else b"")
+            else:
+                self.fail(httpx.RemoteProtocolError(f"upstream '{self.pool.name}' switched protocols"))
         except httptools.HttpParserError as exc:
             if self.trailing:
                 self.close()  # the response itself is whole; what followed it is never read
@@ -129,7 +146,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.head is None:
+        if self.tunnel is not None:
+            self.tunnel.end()
+        elif self.head is None:
             self.pool.forget(self)
         elif not self.complete:
             if self.head.done() and not self.framed and self.error is None:
@@ -166,17 +185,19 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
-        if status < 200:
+        if status < 200 and not (status == 101 and self.upgrading):
             self.headers = []  # 1xx: informational, the real answer follows
             self.field_bytes = 0
             return
         self.status = status
         self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it once the message ends
         lengths = codings = 0
+        announced = False  # the head announces a body (a length other than 0, or a transfer-coding)
         for name, value in self.headers:
             if name == b"content-length":
                 lengths += 1
                 self.framed = True
+                announced = announced or value.strip() != b"0"
             elif name == b"transfer-encoding":
                 codings += 1
                 if value.strip().lower() != b"chunked":
@@ -184,13 +205,17 @@ class Connection(asyncio.Protocol):
                 self.framed = True
         if codings and lengths:
             raise httptools.HttpParserError("both Content-Length and Transfer-Encoding")
-        if status in (204, 304):
+        if status in (204, 304) or self.head_only:
             self.framed = True
+            if announced or codings:
+                # No body by its framing, yet the head announces one: an upstream that sends it
+                # anyway sends it after the answer ended, possibly after another request was
+                # written, which would read it as its answer. Never reused.
+                self.keep_alive = False
         head = self.head
         if head is not None and not head.done():
             head.set_result(None)
         if self.head_only:
-            self.framed = True
             self._completed()
 
     def on_body(self, body: bytes) -> None:
@@ -212,9 +237,10 @@ class Connection(asyncio.Protocol):
 
     # --- one request ---------------------------------------------------------------------------
 
-    def begin(self, head: bytes, head_only: bool, timeout: float) -> None:
+    def begin(self, head: bytes, head_only: bool, timeout: float, upgrading: bool = False) -> None:
         self._reset()
         self.head_only = head_only
+        self.upgrading = upgrading
         self.head = self.loop.create_future()
         self.last_activity = self.loop.time()
         self.timeout = timeout
@@ -280,13 +306,34 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _switch(self, early: bytes) -> None:
+        """A 101 to an upgrade: from now on the connection is raw bytes, read by the stream's holder."""
+        assert self.transport is not None, "bytes came from it"
+        self.tunnel = UpgradedStream(self, self.transport, self.loop, READ_HIGH_WATER)
+        self.tunnel.feed(early)
+        if self.timer is not None:  # the upstream's read timeout no longer applies: the tunnel's idle one does
+            self.timer.cancel()
+            self.timer = None
+
+    # gateway.http.upgraded.Side
+    def pause_side(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_side(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    async def writable(self) -> None:
+        await self.drain()
+
     def _completed(self) -> None:
         self.complete = True
         self._wake_body()
 
     def _check_timeout(self) -> None:
         self.timer = None
-        if self.head is None or self.complete or self.closed:
+        if self.head is None or self.complete or self.closed or self.tunnel is not None:
             return  # idle, or done: the next request arms it again
         quiet = self.loop.time() - self.last_activity
         if self.sending_body and not self.complete:
@@ -386,6 +433,10 @@ class ConnectionPool:
             conn.close()
             self._retire(conn)
 
+    def detach(self, conn: Connection) -> None:
+        """A connection that switched protocols: no longer the pool's to count or reuse."""
+        self._retire(conn)
+
     def forget(self, conn: Connection) -> None:
         """An idle connection the upstream closed."""
         if conn in self.idle:
@@ -444,10 +495,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
         target = request.extensions.get("target") or request.url.raw_path  # as httpcore reads it
         head = _request_head(method, target, raw_headers)
         head_only = method == b"HEAD"
+        upgrading = request.headers.get("upgrade") is not None and "upgrade" in request.headers.get(
+            "connection", "").lower()
         timeout = _read_timeout(request, self.upstream.timeout)
         while True:
             conn = pool.take_idle() or await pool.connect()
-            conn.begin(head, head_only, timeout)
+            conn.begin(head, head_only, timeout, upgrading)
             sender = None
             if has_body:
                 conn.sending_body = True
@@ -468,6 +521,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     continue  # the upstream closed a kept-alive connection as we reused it: once more
                 raise
             break
+        if conn.status == 101:
+            if sender is not None and not sender.done():
+                sender.cancel()
+            if conn.tunnel is None:  # a 101 llhttp did not read as a switch: no tunnel to hand over
+                conn.close()
+                pool.release(conn)
+                raise httpx.RemoteProtocolError(f"upstream '{pool.name}' answered 101 without switching protocols")
+            pool.detach(conn)
+            return httpx.Response(101, headers=conn.headers, stream=httpx.ByteStream(b""),
+                                  extensions={**_HTTP11, "network_stream": conn.tunnel})
         if conn.complete and conn.error is None and (sender is None or sender.done()):
             # The whole response came with its head (the common small answer): the connection goes
             # back to the pool now, and the body is handed over in memory, as httpx.ByteStream.

@@ -13,14 +13,16 @@ from tests.conformance.upstream import LoggingUpstream
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 
-SERVERS = ("gateway", "uvicorn")      # GATEWAY_HTTP: our httptools protocol, uvicorn's own
-TRANSPORTS = ("lean", "httpx")        # GATEWAY_UPSTREAM_TRANSPORT: ours, httpx.AsyncHTTPTransport
+# our httptools protocol and uvicorn's own; ours and httpx.AsyncHTTPTransport (tests.support.comparison_gateway)
+SERVERS = ("gateway", "uvicorn")
+TRANSPORTS = ("lean", "httpx")
 
 CONFIG = """
 version: 1
 redis: {{timeout: 500ms, key_prefix: {prefix}}}
 upstreams:
   up: {{url: "http://{upstream}", timeout: 2s}}
+  few: {{url: "http://{upstream}", timeout: 2s, max_connections: 4, connect_timeout: 500ms}}
 routes:
   - name: limited
     match: {{path: "/limited/{{run}}/{{rest:path}}"}}
@@ -48,6 +50,9 @@ routes:
   - name: open
     match: {{path: "/open/{{rest:path}}"}}
     upstream: up
+  - name: pooled
+    match: {{path: "/pooled/{{rest:path}}"}}
+    upstream: few
 """
 
 
@@ -77,8 +82,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     server, transport = request.param
     text = CONFIG.format(prefix=f"c{uuid.uuid4().hex[:8]}", upstream=logging_upstream.address)
     proc = GatewayProcess(text, tmp_path_factory.mktemp("conformance"), redis_url=redis_proc.url,
-                          env={"GATEWAY_HTTP": server, "GATEWAY_UPSTREAM_TRANSPORT": transport,
-                               "GATEWAY_BODY_TIMEOUT": "1"})
+                          env={"GATEWAY_BODY_TIMEOUT": "1"}, http=server, transport=transport)
     proc.start()
     yield Deployed(proc, server, transport)
     assert proc.stop() == 0

@@ -96,6 +96,17 @@ CASES = [
     Case("obs-fold", req("GET", "/open/fold", "X-A: a", " folded"), 400),
     Case("nul-in-field", req("GET", "/open/nul", "X-A: a\x00b"), 400),
     Case("http2-prior-knowledge", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
+    # --- versions and target forms a 1.1 proxy cannot honour (RFC 9110 15.6.6; RFC 9112 3.2) ---------
+    Case("version-2.0", b"GET /open/v20 HTTP/2.0\r\nHost: gw\r\nX-Request-Id: rid\r\n\r\n", 505),
+    Case("version-0.9", b"GET /open/v09 HTTP/0.9\r\nHost: gw\r\nX-Request-Id: rid\r\n\r\n", 505),
+    Case("absolute-form-ftp", req("GET", "ftp://elsewhere/open/ftp"), 400),
+    Case("absolute-form-other-scheme", req("GET", "gopher://elsewhere/open/g"), 400),
+    Case("absolute-form-scheme-any-case", req("GET", "HTTP://elsewhere/open/uc"), 200,
+         (elsewhere(fwd("GET", "/open/uc")),), uvicorn=(200, (fwd("GET", "/open/uc"),))),
+    # --- a head is bounded by its field count too: 100 fields, as Kestrel's and Envoy's defaults ---
+    Case("fields-100", req("GET", "/open/f100", *["X-F: 1"] * 98), 200, (fwd("GET", "/open/f100", *["x-f: 1"] * 98),)),
+    Case("fields-101", req("GET", "/open/f101", *["X-F: 1"] * 99), 431),
+    Case("fields-13000-empty", req("GET", "/open/f13k", *["a:"] * 13_000), 431),
     Case("connect", b"CONNECT gw:443 HTTP/1.1\r\nHost: gw:443\r\nX-Request-Id: rid\r\n\r\n", 501,
          uvicorn=(400, ())),  # uvicorn's protocol cannot parse an authority-form target
     # --- RFC 9112 sections 2, 6, 7: line endings, lengths, chunks -----------------------------------
@@ -225,6 +236,12 @@ UVICORN_WEAKER = {
     "trailer-never-forwarded": "uvicorn's protocol turns a trailer into a header",
     "pipelined-then-malformed": "uvicorn's protocol answers its parser's 400 in place of the answer to the "
                                 "request before, which was forwarded",
+    "version-2.0": "uvicorn's protocol forwards an HTTP/2.0 request line as HTTP/1.1",
+    "version-0.9": "uvicorn's protocol forwards an HTTP/0.9 request line as HTTP/1.1",
+    "absolute-form-ftp": "uvicorn's protocol forwards any scheme's absolute-form target",
+    "absolute-form-other-scheme": "uvicorn's protocol forwards any scheme's absolute-form target",
+    "fields-101": "uvicorn's protocol has no bound on the number of fields",
+    "fields-13000-empty": "uvicorn's protocol has no bound on the number of fields",
 }
 
 
@@ -272,6 +289,22 @@ def test_a_body_that_stops_while_its_digest_is_read_is_a_408(
     statuses, received, _ = run_case(gateway, logging_upstream, req("POST", "/digest/a", "Content-Length: 10"))
     assert statuses[:1] == [408] and received == []
     assert time.monotonic() - started < 2.5  # GATEWAY_BODY_TIMEOUT is 1 s here
+
+
+@pytest.mark.parametrize("path", ["/digest/stalled", "/open/stalled"],
+                         ids=["while-its-digest-is-read", "while-forwarded"])
+def test_a_408_for_a_stalled_body_closes_the_connection(
+        path: str, gateway: Deployed, logging_upstream: LoggingUpstream) -> None:
+    """RFC 9110 15.5.9: the rest of the body may still come; read as a next request, it would be
+    one the client never sent as such. The connection ends with the 408: the gateway's answer says
+    `Connection: close`, which uvicorn's protocol honours too."""
+    with Conn(gateway.port) as conn:
+        conn.sock.settimeout(3)
+        conn.send(req("POST", path, "Content-Length: 10", body=b"abc"))
+        status, headers, _ = conn.response()
+        assert status == 408
+        assert headers.get(b"connection") == b"close"
+        assert conn.closed_by_peer()
 
 
 def test_http10_without_host_is_forwarded(gateway: Deployed, logging_upstream: LoggingUpstream) -> None:

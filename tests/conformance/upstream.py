@@ -1,6 +1,7 @@
 """A logging upstream for the conformance suite: a raw TCP server that records, byte for byte,
 every request the gateway sends it, and answers either a plain 200 or, for `/script/<name>`, the
-exact bytes a test put under that name (to play a hostile or broken upstream).
+exact bytes a test put under that name (to play a hostile or broken upstream), and then, if the
+test said so, more bytes a moment later (then it closes the connection).
 
 It runs on its own event loop in a thread of the test process, so a test reads what was received
 directly. Requests are split by their own framing (Content-Length or chunked), the way a strict
@@ -39,6 +40,8 @@ class LoggingUpstream:
     # log of a whole session is hundreds of kilobytes (a HypothesisWarning, an error under -Werror)
     received: list[Received] = field(default_factory=list, repr=False)
     scripts: dict[bytes, bytes] = field(default_factory=dict, repr=False)
+    # bytes a script writes after its answer, and after how many seconds (a late body, a stray response)
+    late: dict[bytes, tuple[float, bytes]] = field(default_factory=dict, repr=False)
     connections: int = 0
     port: int = 0
 
@@ -110,6 +113,12 @@ class LoggingUpstream:
                 name = target.split(b"?")[0].rsplit(b"/", 1)[-1] if b"/script/" in target else b""
                 writer.write(self.scripts.get(name, OK))
                 await writer.drain()
+                if name in self.late:
+                    delay, data = self.late[name]
+                    await asyncio.sleep(delay)
+                    writer.write(data)
+                    await writer.drain()
+                    return  # and closes: what it sent late is all a next request could ever get
         except ConnectionError:
             return
         finally:

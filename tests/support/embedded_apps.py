@@ -13,7 +13,9 @@ from fastapi import Request as FastAPIRequest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from gateway import RateLimitMiddleware
 
@@ -35,12 +37,30 @@ async def plain(request: Request) -> PlainTextResponse:
     return PlainTextResponse(request.url.path)
 
 
+async def chat(websocket: WebSocket) -> None:
+    await websocket.accept()
+    async for message in websocket.iter_text():
+        await websocket.send_text(message)
+
+
 starlette_app = Starlette(routes=[
+    WebSocketRoute("/chat/{room}", chat),
     Route("/orders/{item}", order, methods=["POST"]),
     Route("/seen/{rest:path}", seen),
     Route("/{name}", plain),
 ])
 starlette_app.add_middleware(RateLimitMiddleware, config=CONFIG, redis_url=REDIS_URL)
+
+
+
+async def starlette_app_without_http_response(scope: Scope, receive: Receive, send: Send) -> None:
+    """The Starlette app behind a server that cannot answer a handshake with HTTP (no
+    `websocket.http.response` extension): the refusal is a close."""
+    if scope["type"] == "websocket":
+        scope = {**scope, "extensions": {k: v for k, v in scope.get("extensions", {}).items()
+                                         if k != "websocket.http.response"}}
+    await starlette_app(scope, receive, send)
+
 
 fastapi_app = FastAPI()
 

@@ -14,10 +14,13 @@ import httpx
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 class GatewayProcess:
     def __init__(self, config_text: str, workdir: Path, redis_url: str | None = None,
-                 workers: int = 1, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
+                 workers: int = 1, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                 http: str = "gateway", transport: str = "lean") -> None:
         self.config_path = workdir / "routes.yaml"
         self.config_path.write_text(textwrap.dedent(config_text))
         self.port = free_port()
@@ -26,6 +29,10 @@ class GatewayProcess:
         self.workers = workers
         self.env = env or {}
         self.extra_args = args  # after the defaults: a flag given here wins
+        # the libraries' own protocol or transport instead of the gateway's: tests.support.comparison_gateway
+        self.comparison = (http, transport) != ("gateway", "lean")
+        self.http = http
+        self.transport = transport
         self.log_path = workdir / "gateway.log"
         self.out_path = workdir / "gateway.out"
         self.process: subprocess.Popen[bytes] | None = None
@@ -39,13 +46,18 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.admin_port}"
 
     def start(self, ready: bool = True) -> None:
-        args = [sys.executable, "-m", "gateway", "serve", "--config", str(self.config_path),
+        launcher = ["-m", "gateway"]
+        if self.comparison:
+            launcher = ["-m", "tests.support.comparison_gateway", "--http", self.http, "--transport", self.transport]
+        args = [sys.executable, *launcher, "serve", "--config", str(self.config_path),
                 "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin_port),
                 "--workers", str(self.workers)]
         if self.redis_url:
             args += ["--redis-url", self.redis_url]
         args += self.extra_args
         env = dict(os.environ, **self.env)
+        if self.comparison:  # the launcher is a module of this source tree
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("GATEWAY_DRAIN_TIMEOUT", "5")
         with self.out_path.open("ab") as out, self.log_path.open("ab") as err:
             self.process = subprocess.Popen(args, env=env, stdout=out, stderr=err, start_new_session=True)

@@ -48,6 +48,14 @@ class Model:
         """Record an admission of `cost` at t."""
         raise NotImplementedError
 
+    def charge(self, t: int, cost: int) -> None:
+        """A charge after the answer (gateway/settlement.py): taken whatever the room."""
+        self.take(t, cost)
+
+    def give(self, t: int, cost: int) -> None:
+        """A refund after the answer: `cost` units back, never below an untouched state."""
+        raise NotImplementedError
+
     def admits(self, t: int, cost: int) -> bool:
         return self.answer(t, cost).admitted
 
@@ -88,6 +96,10 @@ class FixedWindow(Model):
     def take(self, t: int, cost: int) -> None:
         self.counts[t // self.size] += cost
 
+    def give(self, t: int, cost: int) -> None:
+        wid = t // self.size  # the window the refund lands in (the gateway sends none to a later one)
+        self.counts[wid] = max(0, self.counts[wid] - cost)
+
 
 @dataclass
 class Quota(Model):
@@ -104,6 +116,9 @@ class Quota(Model):
 
     def take(self, t: int, cost: int) -> None:
         self.used += cost
+
+    def give(self, t: int, cost: int) -> None:
+        self.used = max(0, self.used - cost)
 
 
 @dataclass
@@ -160,6 +175,14 @@ class SlidingWindow(Model):
     def take(self, t: int, cost: int) -> None:
         self.counts[t // window_us(self.rule)] += cost
 
+    def charge(self, t: int, cost: int) -> None:
+        wid = t // window_us(self.rule)  # past the room the window is spent, no more (its stored form)
+        self.counts[wid] = min(self.rule.limit, self.counts[wid] + cost)
+
+    def give(self, t: int, cost: int) -> None:
+        wid = t // window_us(self.rule)
+        self.counts[wid] = max(0, self.counts[wid] - cost)
+
 
 @dataclass
 class TokenBucket(Model):
@@ -168,9 +191,13 @@ class TokenBucket(Model):
     rule: Rule
     tat: int = 0  # when the bucket is full again
 
+    def ahead(self, t: int) -> int:
+        """How long until the bucket is full."""
+        return max(self.tat, t) - t
+
     def answer(self, t: int, cost: int) -> Answer:
         step, burst = step_us(self.rule), self.rule.burst
-        ahead = max(self.tat, t) - t
+        ahead = self.ahead(t)
         tokens = (burst * step - ahead) // step
         if cost <= burst and ahead + cost * step <= burst * step:
             return Answer(True, 0, 0, tokens - cost, ahead + cost * step)
@@ -180,6 +207,13 @@ class TokenBucket(Model):
 
     def take(self, t: int, cost: int) -> None:
         self.tat = max(self.tat, t) + cost * step_us(self.rule)
+
+    def charge(self, t: int, cost: int) -> None:
+        step = step_us(self.rule)  # past the room the bucket is empty, no more
+        self.tat = t + min(self.ahead(t) + cost * step, self.rule.burst * step)
+
+    def give(self, t: int, cost: int) -> None:
+        self.tat = t + max(0, self.ahead(t) - cost * step_us(self.rule))
 
 
 @dataclass

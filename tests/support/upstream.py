@@ -5,6 +5,10 @@
     POST     /upload          consumes the body chunk by chunk; JSON: length and sha256
     GET      /slow?delay=S    answers after S seconds
     GET      /status/N        answers with status N
+    POST     /signin          200 with X-Password: right, else 401 (after ?delay=S seconds)
+    POST     /flaky/...       every third request fails with 503; GET /flaky-ok counts the others
+    GET      /tokens?n=N      200, declaring its cost in X-Tokens: N
+    GET      /inflight?delay=S  answers after S seconds; GET /inflight-max: the most ever in flight at once
 """
 
 from __future__ import annotations
@@ -70,6 +74,48 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"status": True}, status=int(request.match_info["code"]))
 
 
+async def login(request: web.Request) -> web.Response:
+    await asyncio.sleep(float(request.query.get("delay", "0")))
+    ok = request.headers.get("X-Password") == "right"
+    return web.json_response({"login": ok}, status=200 if ok else 401)
+
+
+FLAKY: dict[str, int] = {"seen": 0, "ok": 0}
+
+
+async def flaky(request: web.Request) -> web.Response:
+    FLAKY["seen"] += 1
+    if FLAKY["seen"] % 3 == 0:
+        return web.json_response({"ordered": False}, status=503)
+    FLAKY["ok"] += 1
+    return web.json_response({"ordered": True})
+
+
+async def flaky_ok(request: web.Request) -> web.Response:
+    return web.json_response(FLAKY)
+
+
+async def tokens(request: web.Request) -> web.Response:
+    return web.json_response({"tokens": True}, headers={"X-Tokens": request.query.get("n", "1")})
+
+
+IN_FLIGHT = {"now": 0, "most": 0}
+
+
+async def inflight(request: web.Request) -> web.Response:
+    IN_FLIGHT["now"] += 1
+    IN_FLIGHT["most"] = max(IN_FLIGHT["most"], IN_FLIGHT["now"])
+    try:
+        await asyncio.sleep(float(request.query.get("delay", "0.2")))
+    finally:
+        IN_FLIGHT["now"] -= 1
+    return web.json_response({"inflight": True})
+
+
+async def inflight_most(request: web.Request) -> web.Response:
+    return web.json_response(IN_FLIGHT)
+
+
 def make_app() -> web.Application:
     app = web.Application(client_max_size=1 << 40)
     app.router.add_route("*", "/echo", echo)
@@ -78,6 +124,12 @@ def make_app() -> web.Application:
     app.router.add_post("/upload", upload)
     app.router.add_get("/slow", slow)
     app.router.add_get("/status/{code}", status)
+    app.router.add_post("/signin", login)
+    app.router.add_post("/flaky/{tail:.*}", flaky)
+    app.router.add_get("/flaky-ok", flaky_ok)
+    app.router.add_get("/tokens", tokens)
+    app.router.add_get("/inflight", inflight)
+    app.router.add_get("/inflight-max", inflight_most)
     app.router.add_route("*", "/{tail:.*}", echo)
     return app
 
@@ -105,7 +157,11 @@ class Upstream:
     def stop(self) -> None:
         if self.process is not None:
             self.process.terminate()
-            self.process.wait(10)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:  # a handler still sleeping for a client that died
+                self.process.kill()
+                self.process.wait()
             self.process = None
 
 

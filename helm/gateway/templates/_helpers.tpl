@@ -104,6 +104,11 @@ annotations:
 {{- end -}}
 {{- end -}}
 
+{{/* The environment variable an upstreams value becomes: shop-api -> UPSTREAM_SHOP_API. */}}
+{{- define "gateway.upstreamEnv" -}}
+{{- printf "UPSTREAM_%s" (. | upper | replace "-" "_") -}}
+{{- end -}}
+
 {{/* True (non-empty) when the pods share an external Redis instead of each running its own. */}}
 {{- define "gateway.sharedRedis" -}}
 {{- if or .Values.redis.url .Values.redis.existingSecret -}}true{{- end -}}
@@ -173,6 +178,17 @@ before this by values.schema.json.
 {{- end -}}
 {{- if not (contains "${ADMIN_TOKEN" $token) -}}
 {{- $problems = append $problems (printf "routes: %s but routes does not read it; write `token: ${ADMIN_TOKEN:-}` under admin: in routes (the admin port listens on the pod network, for probes and Prometheus)" (ternary "admin.existingSecret is set" "the chart passes the admin token as ADMIN_TOKEN" (not (empty .Values.admin.existingSecret)))) -}}
+{{- end -}}
+{{- $given := dict -}}
+{{- range $name, $url := .Values.upstreams -}}
+{{- if $url -}}{{- $_ := set $given (include "gateway.upstreamEnv" $name) true -}}{{- end -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}{{- $_ := set $given .name true -}}{{- end -}}
+{{- range $ref := regexFindAll "\\$\\{UPSTREAM_[A-Za-z0-9_]+\\}" $text -1 | uniq -}}
+{{- $var := $ref | trimPrefix "${" | trimSuffix "}" -}}
+{{- if not (hasKey $given $var) -}}
+{{- $problems = append $problems (printf "routes reads %s, which no value sets: add `upstreams: {%s: URL}` (rendered as %s), or give it a default (`${%s:-URL}`)" $ref ($var | trimPrefix "UPSTREAM_" | lower | replace "_" "-") $var $var) -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.admin.token .Values.admin.existingSecret -}}
 {{- $problems = append $problems "admin: set admin.token or admin.existingSecret, not both" -}}

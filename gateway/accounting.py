@@ -1,0 +1,48 @@
+"""What is recorded of each request the proxy served: its metrics, its access log line, and its
+refusal among the identities refused most (gateway/top.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.types import Scope
+
+from gateway import metrics
+from gateway.config import Config
+from gateway.pipeline import Admit, Answer, RequestOutcome
+from gateway.top import TopRefused
+
+access_log = logging.getLogger("gateway.access")
+
+
+class Accounting:
+    def __init__(self, top: TopRefused) -> None:
+        self.top = top
+
+    def account(self, config: Config, scope: Scope, request_id: bytes, result: Admit | Answer, status: int,
+                started: float) -> None:
+        """Count one request in the metrics and the top refused, and write its access log line."""
+        route = result.route
+        outcome, decided_by = result.outcome, result.decided_by
+        rule, identity = (result.rule, result.identity) if isinstance(result, Answer) else ("", "")
+        if route:
+            metrics.requests(route, outcome, decided_by).inc()
+            metrics.responses(route, str(status)).inc()
+            if outcome is RequestOutcome.REFUSED:
+                self.top.record(route, rule, identity)
+        if config.access_log:
+            access_log.info(json.dumps({
+                "request_id": request_id.decode("latin-1"),
+                "method": scope.get("method"),
+                "path": scope.get("path", "")[:512],
+                "client": (scope.get("client") or ("",))[0],
+                "route": route or None,
+                "decision": str(outcome),
+                "decided_by": str(decided_by),
+                "rule": rule or None,
+                "identity": identity or None,
+                "status": status,
+                "latency_ms": round((time.perf_counter() - started) * 1000, 3),
+            }))

@@ -1,0 +1,311 @@
+"""Every key of routes.yaml, declared once: where it may appear, what it holds, its default, and its
+line in the docs.
+
+The loader's allow-lists and defaults, the JSON schema (gateway/routes.schema.json) and the reference
+table (docs/configuration.md) are all read from FIELDS. Adding a key is one entry here, the code that
+uses it, and an example; `python -m gateway.config.schema` and `python -m gateway.config.reference`
+regenerate the other two (tests/test_schema.py fails while they are stale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gateway.config.kinds import (
+    Boolean,
+    Choice,
+    Conditions,
+    Cost,
+    Duration,
+    Integer,
+    Kind,
+    ListOf,
+    Name,
+    Named,
+    Network,
+    Rate,
+    Section,
+    Source,
+    Status,
+    Template,
+    Text,
+)
+
+
+class Place(StrEnum):
+    """Where a key may appear: the top level of the file, or one kind of mapping in it."""
+
+    TOP = "top"
+    REDIS = "redis"
+    DEFAULTS = "defaults"
+    JWT = "jwt"
+    ADMIN = "admin"
+    IDENTITY = "identity"
+    LOCAL_REFUSALS = "local_refusals"
+    UPSTREAM = "upstream"
+    TLS = "tls"
+    ROUTE = "route"
+    MATCH = "match"
+    RULE = "rule"
+
+
+PLACES: dict[Place, str] = {
+    Place.TOP: "The top level of routes.yaml.",
+    Place.REDIS: "`redis:` where limits are kept. No url (or an empty one): the gateway starts its own redis-server.",
+    Place.DEFAULTS: "`defaults:` policy for every route; a route may set the same keys again.",
+    Place.JWT: "`jwt:` how `jwt:CLAIM` identities are verified; an unverified token is no identity.",
+    Place.ADMIN: "`admin:` the admin port.",
+    Place.IDENTITY: "`identity:` bounds on identities.",
+    Place.LOCAL_REFUSALS: "`local_refusals:` refusals each worker answers from memory until Redis would stop "
+                          "refusing (docs/algorithms.md).",
+    Place.UPSTREAM: "`upstreams: {NAME: ...}` one upstream the routes forward to.",
+    Place.TLS: "`upstreams.NAME.tls:` TLS to an https:// upstream.",
+    Place.ROUTE: "`routes: [...]` one route; routes are tried in file order and the first match wins.",
+    Place.MATCH: "`routes[].match:` which requests the route takes.",
+    Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
+                "consumes nothing.",
+}
+
+
+class Algorithm(StrEnum):
+    """A rule's algorithm. A str: `rule.algorithm == "quota"` holds for Algorithm.QUOTA."""
+
+    FIXED_WINDOW = "fixed_window"
+    SLIDING_WINDOW = "sliding_window"
+    SLIDING_LOG = "sliding_log"
+    TOKEN_BUCKET = "token_bucket"
+    GCRA = "gcra"
+    LEAKY_BUCKET = "leaky_bucket"
+    QUOTA = "quota"
+    CONCURRENCY = "concurrency"
+
+
+WINDOW_ALGORITHMS = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG)
+BUCKET_ALGORITHMS = (Algorithm.TOKEN_BUCKET, Algorithm.GCRA, Algorithm.LEAKY_BUCKET)
+ALGORITHMS = tuple(Algorithm)
+
+HEADER_MODES = ("draft", "legacy", "both", "none")
+FAILURE_MODES = ("open", "closed")
+ON_MISSING = ("reject", "skip", "ip")
+REDIS_MODES = ("standalone", "cluster", "sentinel")
+JWT_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256")
+
+MAX_COST = 1_000_000_000
+MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
+MAX_SHARDS = 1024  # per route: hash tags a route's keys spread over (docs/scaling.md)
+SLIDING_LOG_MAX = 100_000  # sliding_log keeps one entry per request
+MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
+MAX_SPAN = 100 * 365.25 * 86400.0  # seconds: a window, period or burst refill at most 100 years
+MAX_OVERRIDES_BOUND = 10_000_000  # per rule: each worker holds every override of its routes in memory
+
+NO_DEFAULT: Any = object()
+_WINDOWS = WINDOW_ALGORITHMS
+_BUCKETS = BUCKET_ALGORITHMS
+_QUOTA = (Algorithm.QUOTA,)
+_CONCURRENCY = (Algorithm.CONCURRENCY,)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key. `required` is None for an optional key, else the hint after "is required"."""
+
+    places: tuple[Place, ...]
+    key: str
+    kind: Kind
+    doc: str
+    default: Any = NO_DEFAULT       # the typed value when the key is absent
+    required: str | None = None
+    proxy_only: bool = False        # required only where the gateway forwards (not in the middleware)
+    attr: str = ""                  # the model's attribute, when it is not `key`
+    needed_by: tuple[Algorithm, ...] = ()    # rule parameters: the algorithms that need it ...
+    optional_for: tuple[Algorithm, ...] = ()  # ... and those that may take it
+    shown: str = ""                 # the default in words, when no value says it
+
+    @property
+    def name(self) -> str:
+        return self.attr or self.key
+
+    @property
+    def is_parameter(self) -> bool:
+        return bool(self.needed_by or self.optional_for)
+
+    def shown_default(self) -> str | None:
+        """The default as the docs show it; None when there is none to show (a rule parameter's
+        default is the model's placeholder: the algorithms that use it require it)."""
+        if self.shown:
+            return self.shown
+        if self.default is NO_DEFAULT or self.default is None or self.is_parameter:
+            return None
+        return self.kind.show(self.default)
+
+
+def _f(place: Place | tuple[Place, ...], key: str, kind: Kind, doc: str, **more: Any) -> Field:
+    return Field(place if isinstance(place, tuple) else (place,), key, kind, doc, **more)
+
+
+TOP, REDIS, DEFAULTS, JWT, ADMIN = Place.TOP, Place.REDIS, Place.DEFAULTS, Place.JWT, Place.ADMIN
+IDENTITY, LOCAL, UPSTREAM, TLS = Place.IDENTITY, Place.LOCAL_REFUSALS, Place.UPSTREAM, Place.TLS
+ROUTE, MATCH, RULE = Place.ROUTE, Place.MATCH, Place.RULE
+
+FIELDS: tuple[Field, ...] = (
+    _f(TOP, "version", Integer(1, 1), "Format version; only 1 exists.", required="(version: 1)"),
+    _f(TOP, "redis", Section(REDIS), "Where limits are kept."),
+    _f(TOP, "defaults", Section(DEFAULTS), "Policy for every route; a route may set the same keys again."),
+    _f(TOP, "trusted_proxies", ListOf(Network()), "Peers whose X-Forwarded-For is believed (addresses or CIDRs).",
+       default=()),
+    _f(TOP, "upstreams", Named(UPSTREAM), "Named upstreams the routes forward to.",
+       required="(at least one upstream)", proxy_only=True),
+    _f(TOP, "routes", ListOf(Section(ROUTE)), "Tried in file order; the first match wins.",
+       required="(at least one route)"),
+    _f(TOP, "jwt", Section(JWT), "How jwt:CLAIM identities are verified."),
+    _f(TOP, "admin", Section(ADMIN), "The admin port."),
+    _f(TOP, "identity", Section(IDENTITY), "Bounds on identities."),
+    _f(TOP, "access_log", Boolean(), "Log one line per request.", default=False),
+    _f(TOP, "local_refusals", Section(LOCAL), "Refusals each worker answers from memory."),
+
+    _f(REDIS, "url", Text(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
+                          nullable=True, what="URL"),
+       "redis://, rediss:// or unix://; empty: embedded. GATEWAY_REDIS_URL and --redis-url override it.",
+       default=""),
+    _f(REDIS, "mode", Choice(REDIS_MODES), "Redis topology.", default="standalone"),
+    _f(REDIS, "timeout", Duration(), "Longest wait for one decision; past it the failure policy applies.",
+       default=0.05),
+    _f(REDIS, "key_prefix", Name(), "First part of every Redis key.", default="rlgw"),
+    _f(REDIS, "sentinel_master", Name(), "Name of the primary the sentinels monitor (mode: sentinel).",
+       default="mymaster"),
+
+    _f(JWT, "algorithms", ListOf(Choice(JWT_ALGORITHMS)), "Accepted signature algorithms.", default=(),
+       shown="HS256 with a secret, else RS256"),
+    _f(JWT, "secret", Text(), "Shared secret for HS* (use ${NAME})."),
+    _f(JWT, "public_key", Text(), "PEM public key for RS*/ES*."),
+    _f(JWT, "public_key_file", Text(what="file"), "File holding the PEM public key."),
+    _f(JWT, "audience", Text(), "Required aud claim."),
+    _f(JWT, "issuer", Text(), "Required iss claim."),
+    _f(JWT, "header", Text(), "Header carrying the bearer token.", default="authorization"),
+    _f(JWT, "leeway", Duration(), "Clock skew allowed on exp/nbf.", default=0.0),
+
+    _f(ADMIN, "token", Text(nullable=True), "Bearer token for admin writes (POST /reload, DELETE /limits); "
+       "use ${ADMIN_TOKEN:-}. Unset: writes are accepted from loopback only.", attr="admin_token"),
+
+    _f(IDENTITY, "body_max_bytes", Integer(1, 1 << 26), "Bytes of the body digested for `by: [body]`.",
+       default=65536, attr="body_digest_max_bytes"),
+    _f(IDENTITY, "max_length", Integer(1, 65536), "Longest identity part kept as is (longer ones are hashed).",
+       default=1024, attr="identity_max_bytes"),
+
+    _f(LOCAL, "max_entries", Integer(0, 10_000_000), "Refusals kept per worker, least recently used dropped "
+       "first; 0 turns it off (every request asks Redis).", default=100_000, attr="local_refusals_max"),
+    _f(LOCAL, "max_hold", Duration(), "The longest a refusal is answered from memory before Redis is asked "
+       "again: how long an admin reset of a key may take to reach the other workers and hosts.",
+       default=1.0, attr="local_refusals_hold"),
+
+    _f(UPSTREAM, "url", Text(r"^https?://[^/\s]+(/\S*)?$", "{value!r} must be an http:// or https:// URL", what="URL"),
+       "http:// or https:// base URL.", required=""),
+    _f(UPSTREAM, "timeout", Duration(), "Longest wait for the upstream's answer (504 past it).", default=10.0),
+    _f(UPSTREAM, "connect_timeout", Duration(), "Longest wait to connect (502 past it).", default=1.0),
+    _f(UPSTREAM, "max_connections", Integer(1, 100_000), "Connection pool size.", default=512),
+    _f(UPSTREAM, "http2", Boolean(), "true: speak HTTP/2 to this upstream (needs an https:// url; "
+       "negotiated by ALPN).", default=False),
+    _f(UPSTREAM, "tls", Section(TLS), "CAs to trust, a client certificate for mutual TLS, and whether to "
+       "verify the upstream's certificate (needs an https:// url).", default=None),
+
+    _f(TLS, "ca", Text(what="file"), "PEM file of the CAs to trust (default: the system's).", default=None),
+    _f(TLS, "cert", Text(what="file"), "Client certificate (PEM) for mutual TLS; needs key.", default=None),
+    _f(TLS, "key", Text(what="file"), "Private key (PEM) of the client certificate.", default=None),
+    _f(TLS, "verify", Boolean(), "Verify the upstream's certificate.", default=True),
+
+    _f(ROUTE, "name", Name(), "The route's name, in metrics, logs and refusals.", required=""),
+    _f(ROUTE, "match", Section(MATCH), "Which requests the route takes.", required=""),
+    _f(ROUTE, "upstream", Text(what="upstream name"), "Name of an upstream.", required="", proxy_only=True),
+    _f(ROUTE, "limits", ListOf(Section(RULE), MAX_RULES), "Every rule must admit a request; a refused request "
+       f"consumes nothing. At most {MAX_RULES} rules.", default=()),
+    _f((DEFAULTS, ROUTE), "failure_mode", Choice(FAILURE_MODES), "Redis unavailable: open forwards "
+       "unlimited, closed answers 503 + Retry-After.", default="open"),
+    _f((DEFAULTS, ROUTE), "headers", Choice(HEADER_MODES), "Rate-limit headers: draft (IETF RateLimit), "
+       "legacy (X-RateLimit-*), both or none.", default="draft"),
+    _f(ROUTE, "websocket", Boolean(), "true: a WebSocket handshake (GET with Upgrade: websocket) is decided "
+       "like any request and, if the upstream answers 101, tunneled both ways; false: every Upgrade is a 501.",
+       default=False),
+    _f((DEFAULTS, ROUTE), "websocket_idle_timeout", Duration(), "A tunnel with no byte either way for this long "
+       "is closed.", default=3600.0),
+    _f(ROUTE, "shards", Integer(1, MAX_SHARDS), "Redis Cluster: spread the route's keys over this many hash "
+       "tags, chosen by the first rule's identity (docs/scaling.md). 1: every key in one slot, exact.",
+       default=1),
+
+    _f(MATCH, "path", Template(), "Path template: /items/{id}, /{rest:path}; "
+       "{name:int} and {name:str} too.", required=""),
+    _f(MATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
+       "Methods the route owns (any other is a 405); absent: every method.", default=None),
+    _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),
+    _f(MATCH, "headers", Conditions(presence=True), "Headers the request must carry: NAME: VALUE, NAME: [VALUES] "
+       "or NAME: true (present). Not met: the next route is tried.", default=None),
+    _f(MATCH, "jwt", Conditions(), "Claims of a verified bearer token: CLAIM: VALUE or [VALUES] (needs the jwt: "
+       "section). No token, or one that does not verify, meets none.", default=None),
+    _f(MATCH, "client", ListOf(Network()), "Client addresses (CIDRs), as the ip identity reads them (after "
+       "trusted_proxies). Not met: the next route is tried.", default=None),
+
+    _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
+    _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",
+       required="([] for one shared key)"),
+    _f(RULE, "algorithm", Choice(ALGORITHMS), "How the rule counts (README: the algorithms).", required=""),
+    _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows), in total (quota) or "
+       "in flight at once (concurrency).",
+       default=0, needed_by=(*_WINDOWS, *_QUOTA, *_CONCURRENCY)),
+    _f(RULE, "window", Duration(window=True), "Window length: 1ms to 100 years.", default=0.0,
+       needed_by=_WINDOWS),
+    _f(RULE, "rate", Rate(), "Refill or leak rate.", default=0.0, needed_by=_BUCKETS),
+    _f(RULE, "burst", Integer(1, 1_000_000_000), "Bucket size (token_bucket, gcra) or queue length "
+       "(leaky_bucket).", default=0, needed_by=_BUCKETS),
+    _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
+       "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
+    _f(RULE, "lease", Duration(window=True), "concurrency: how long a slot outlives a gateway that died holding "
+       "it (a request in flight renews its lease while it lasts).", default=60.0, optional_for=_CONCURRENCY,
+       shown="60s"),
+    _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
+       "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
+       "header is removed before the client sees it).", default=1),
+    _f(RULE, "count_on", ListOf(Status()), "Charge only answers with these statuses or classes ([401, 403], "
+       "[5xx]), when the answer comes; the rule refuses once its budget is spent.", default=()),
+    _f(RULE, "refund_on", ListOf(Status()), "Give back the units charged at admission when the answer has one "
+       "of these statuses or classes (the gateway's own 502 and 504 included).", default=()),
+    _f(RULE, "status", Integer(400, 599), "Status of a refusal.", default=429),
+    _f(RULE, "shadow", Boolean(), "Evaluate and count, never refuse.", default=False),
+    _f(RULE, "on_missing", Choice(ON_MISSING), "Identity absent: reject (400), skip the rule, or fall back "
+       "to ip.", default="reject"),
+    _f(RULE, "max_overrides", Integer(0, MAX_OVERRIDES_BOUND), "Per-identity overrides the rule may hold "
+       "(PUT /overrides on the admin port); 0: none.", default=100_000),
+)
+
+
+def fields(place: Place) -> Iterator[Field]:
+    return (f for f in FIELDS if place in f.places)
+
+
+def keys(place: Place) -> tuple[str, ...]:
+    """The allow-list of `place`, in the table's order."""
+    return tuple(f.key for f in fields(place))
+
+
+def field(place: Place, key: str) -> Field:
+    return next(f for f in fields(place) if f.key == key)
+
+
+def default(place: Place, key: str) -> Any:
+    """The model's starting value for `key` (see model.py)."""
+    value = field(place, key).default
+    assert value is not NO_DEFAULT, f"{place}.{key} has no default"
+    return value
+
+
+def parameters(algorithm: Algorithm) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The rule keys `algorithm` needs, and those it may take."""
+    params = [f for f in fields(RULE) if f.is_parameter]
+    return (tuple(f.key for f in params if algorithm in f.needed_by),
+            tuple(f.key for f in params if algorithm in f.optional_for))
+
+
+PARAMETERS = tuple(f.key for f in fields(RULE) if f.is_parameter)
+PARAMS_FOR = {a.value: parameters(a)[0] for a in Algorithm}
+OPTIONAL_FOR = {a.value: parameters(a)[1] for a in Algorithm if parameters(a)[1]}

@@ -1,0 +1,694 @@
+"""routes.yaml -> validated, frozen objects (model.py), driven by the field table (fields.py).
+
+Every mapping is checked against its place's allow-list and every scalar typed by its field's kind;
+what the table cannot say (an upstream or path parameter that does not exist, a cost that can never
+fit, a shard's share) is checked below. Every problem names the file, the line and the key, and all
+problems are reported together. `${NAME}` and `${NAME:-default}` are replaced from the environment
+before a value is typed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from gateway.config.fields import (
+    BUCKET_ALGORITHMS,
+    MAX_COST,
+    MAX_RULES,
+    MAX_SPAN,
+    MIN_WINDOW,
+    SLIDING_LOG_MAX,
+    Algorithm,
+    Place,
+    default,
+    fields,
+    keys,
+    parameters,
+)
+from gateway.config.kinds import (
+    ENV_REF,
+    NAMELESS_SOURCES,
+    SOURCE_KINDS,
+    TRUE,
+    Kind,
+    ListOf,
+    Name,
+    Scalar,
+    is_typed,
+    path_params,
+)
+from gateway.config.model import (
+    Conditions,
+    Config,
+    JwtSettings,
+    RedisSettings,
+    Route,
+    Rule,
+    Source,
+    Upstream,
+    UpstreamTls,
+    keeps_full_limit,
+    shard_share,
+)
+from gateway.errors import ConfigError, ConfigProblem
+from gateway.http.request import HOP_BY_HOP
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_NODES = 200_000
+MAX_DEPTH = 40
+
+T = TypeVar("T")
+
+
+@dataclass
+class Found:
+    """One mapping of the file, its keys checked against its place: the value node of each key, and
+    the keys whose values could not be typed."""
+
+    node: yaml.Node
+    nodes: dict[str, yaml.Node]
+    missing: set[str] = field(default_factory=set)
+    bad: set[str] = field(default_factory=set)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.nodes
+
+
+class _Reader:
+    """Walks the YAML node tree, typing values and collecting problems with their lines."""
+
+    def __init__(self, file: str, env: Mapping[str, str], proxy: bool = True) -> None:
+        self.proxy = proxy  # False: rules guarding an app in-process (routes need no upstream)
+        self.file = file
+        self.env = env
+        self.problems: list[ConfigProblem] = []
+
+    def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else 1
+        self.problems.append(ConfigProblem(self.file, line, key, message))
+
+    def mapping(self, node: yaml.Node, key: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node] | None:
+        if not isinstance(node, yaml.MappingNode):
+            self.problem(node, key or "(document)", "must be a mapping")
+            return None
+        out: dict[str, yaml.Node] = {}
+        for knode, vnode in node.value:
+            name = knode.value if isinstance(knode, yaml.ScalarNode) else None
+            shown = name if name else "(empty key)" if name == "" else "(non-text key)"
+            path = _join(key, shown)
+            if name not in allowed:
+                hint = ", ".join(allowed)
+                self.problem(knode, path, f"unknown key (allowed here: {hint})")
+            elif name in out:
+                self.problem(knode, path, "appears twice")
+            else:
+                out[name] = vnode
+        return out
+
+    def section(self, node: yaml.Node, key: str, place: Place, require: bool = True) -> Found | None:
+        """The mapping at `node`, its keys those of `place`; unless told not to, each required key that
+        is absent is a problem (see `require`)."""
+        nodes = self.mapping(node, key, keys(place))
+        if nodes is None:
+            return None
+        found = Found(node, nodes)
+        if require:
+            self.require(found, key, place)
+        return found
+
+    def require(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None) -> bool:
+        """Whether every required key of `place` (or of those in `only`) is in `found`; a problem for each
+        that is not."""
+        for f in fields(place):
+            if f.required is None or f.key in found or (only is not None and f.key not in only):
+                continue
+            if self.proxy or not f.proxy_only:
+                self.problem(found.node, _join(key, f.key), f"is required {f.required}".rstrip())
+                found.missing.add(f.key)
+        return not found.missing
+
+    def read(self, found: Found, key: str, place: Place, only: Iterable[str] | None = None,
+             skip: Iterable[str] = ()) -> dict[str, Any]:
+        """The typed values of `place`'s scalar keys present in `found` (those in `only`, but not in
+        `skip`), by the model's attribute names. A value that cannot be typed is a problem, and its key
+        is in found.bad."""
+        wanted, unwanted = None if only is None else set(only), set(skip)
+        out: dict[str, Any] = {}
+        for f in fields(place):
+            if f.key not in found or f.key in unwanted or (wanted is not None and f.key not in wanted):
+                continue
+            if not is_typed(f.kind):
+                continue
+            value = self.value(found.nodes[f.key], _join(key, f.key), f.kind)
+            if value is None:
+                found.bad.add(f.key)
+            else:
+                out[f.name] = value
+        return out
+
+    def value(self, node: yaml.Node, key: str, kind: Kind) -> Any:
+        """The value at `node` typed by `kind` (see kinds.is_typed), or None after a problem."""
+        if isinstance(kind, Scalar):
+            return self.typed(node, key, kind.noun, kind.parse)
+        assert isinstance(kind, ListOf), kind
+        assert isinstance(kind.item, Scalar), kind
+        items = self.sequence(node, key)
+        if items is None:
+            return None
+        values = (self.typed(item, f"{key}[{j}]", kind.item.noun, kind.item.parse) for j, item in enumerate(items))
+        return tuple(v for v in values if v is not None)
+
+    def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node] | None:
+        if not isinstance(node, yaml.SequenceNode):
+            self.problem(node, key, "must be a list")
+            return None
+        return list(node.value)
+
+    def text(self, node: yaml.Node, key: str) -> str | None:
+        if not isinstance(node, yaml.ScalarNode):
+            self.problem(node, key, "must be a single value")
+            return None
+        raw = str(node.value)
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in self.env:
+                return self.env[name]
+            if default is not None:
+                return default
+            self.problem(node, key, f"environment variable {name} is not set (use ${{{name}:-}})")
+            return ""
+
+        return ENV_REF.sub(substitute, raw)
+
+    def typed(self, node: yaml.Node, key: str, noun: str, parse: Callable[[str], T]) -> T | None:
+        text = self.text(node, key)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError as exc:
+            self.problem(node, key, f"must be {noun}: {exc}" if noun else str(exc))
+            return None
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def _check_shape(node: yaml.Node, reader: _Reader) -> bool:
+    """Refuse documents that are absurdly deep or large before walking them."""
+    count = 0
+    stack: list[tuple[yaml.Node, int]] = [(node, 1)]
+    seen: set[int] = set()
+    while stack:
+        current, depth = stack.pop()
+        if id(current) in seen:
+            reader.problem(current, "(document)", "YAML aliases are not supported")
+            return False
+        seen.add(id(current))
+        count += 1
+        if depth > MAX_DEPTH or count > MAX_NODES:
+            reader.problem(current, "(document)", "too deeply nested or too large")
+            return False
+        if isinstance(current, yaml.MappingNode):
+            for k, v in current.value:
+                stack.append((k, depth + 1))
+                stack.append((v, depth + 1))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in current.value)
+    return True
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: bool = True) -> Config:
+    """Read and validate one routes.yaml. Raises ConfigError listing every problem.
+
+    proxy=False: for the in-process middleware, where routes need no upstream (SPEC section 6)."""
+    file = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([ConfigProblem(file, 0, "(file)", f"cannot read: {exc.strerror}")]) from exc
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError([ConfigProblem(file, 0, "(file)", "larger than 4 MiB")])
+    return parse_config(data, file, os.environ if env is None else env, proxy)
+
+
+def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bool = True) -> Config:
+    reader = _Reader(file, env, proxy)
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except UnicodeDecodeError as exc:
+        raise ConfigError([ConfigProblem(file, 1, "(document)", f"not UTF-8: {exc}")]) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        message = f"not valid YAML: {exc.problem or exc.context}"
+        if "expected ',' or '}'" in message or "expected ',' or ']'" in message:
+            message += ' (a value containing { } inside a {...} mapping must be quoted: path: "/items/{id}")'
+        raise ConfigError([ConfigProblem(file, line, "(document)", message)]) from exc
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError([ConfigProblem(file, 1, "(document)", f"not valid YAML: {exc}")]) from exc
+    if root is None:
+        raise ConfigError([ConfigProblem(file, 1, "(document)", "the file is empty")])
+    if not _check_shape(root, reader):
+        raise ConfigError(reader.problems)
+    config = _build(root, reader)
+    if reader.problems or config is None:
+        raise ConfigError(reader.problems)
+    return config
+
+
+def _build(root: yaml.Node, r: _Reader) -> Config | None:
+    top = r.section(root, "", Place.TOP)
+    if top is None:
+        return None
+    settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
+    settings.pop("version", None)
+    settings.setdefault("trusted_proxies", default(Place.TOP, "trusted_proxies"))  # a Config field without default
+    redis = _redis(top, r)
+    defaults = {f.key: f.default for f in fields(Place.DEFAULTS)}
+    if "defaults" in top:
+        found = r.section(top.nodes["defaults"], "defaults", Place.DEFAULTS)
+        defaults.update(r.read(found, "defaults", Place.DEFAULTS) if found else {})
+    jwt = _jwt(top.nodes["jwt"], r) if "jwt" in top else JwtSettings()
+    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):  # their keys are Config's own (Field.attr)
+        if place.value in top:
+            found = r.section(top.nodes[place.value], place.value, place)
+            settings.update(r.read(found, place.value, place) if found else {})
+    if "admin_token" in settings:
+        settings["admin_token"] = settings["admin_token"] or None
+    upstreams = _upstreams(top, r)
+    routes = _routes(top, r, upstreams, defaults, jwt)
+    if r.problems:
+        return None
+    return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, **settings)
+
+
+def _redis(top: Found, r: _Reader) -> RedisSettings:
+    found = r.section(top.nodes["redis"], "redis", Place.REDIS) if "redis" in top else None
+    return RedisSettings(**r.read(found, "redis", Place.REDIS)) if found else RedisSettings()
+
+
+def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
+    found = r.section(node, "jwt", Place.JWT)
+    if found is None:
+        return JwtSettings()
+    values = r.read(found, "jwt", Place.JWT)
+    algorithms: tuple[str, ...] = values.pop("algorithms", ())
+    file = values.pop("public_key_file", None)
+    if file:
+        try:
+            values["public_key"] = Path(file).read_text()
+        except OSError as exc:
+            r.problem(found.nodes["public_key_file"], "jwt.public_key_file", f"cannot read: {exc.strerror}")
+    secret, public_key = values.get("secret"), values.get("public_key")
+    if not algorithms:
+        algorithms = ("HS256",) if secret else ("RS256",)
+    if any(a.startswith("HS") for a in algorithms) and not secret:
+        r.problem(node, "jwt.secret", "is required for HS* algorithms")
+    if any(not a.startswith("HS") for a in algorithms) and not public_key:
+        r.problem(node, "jwt.public_key", "is required for RS*/ES* algorithms")
+    values.update(algorithms=algorithms, secret=secret or None, public_key=public_key or None)
+    if "header" in values:
+        values["header"] = (values["header"] or "authorization").lower()
+    return JwtSettings(**values)
+
+
+def _upstreams(top: Found, r: _Reader) -> dict[str, Upstream]:
+    if "upstreams" not in top:
+        return {}
+    node = top.nodes["upstreams"]
+    if not isinstance(node, yaml.MappingNode):
+        r.problem(node, "upstreams", "must be a mapping of name -> upstream")
+        return {}
+    out: dict[str, Upstream] = {}
+    for knode, vnode in node.value:
+        name = r.value(knode, "upstreams", Name())
+        if name is None:
+            continue
+        key = f"upstreams.{name}"
+        found = r.section(vnode, key, Place.UPSTREAM)
+        if found is None or found.missing:
+            continue
+        values = r.read(found, key, Place.UPSTREAM)
+        url: str = values.pop("url", "")  # absent when refused: the problem is reported, the name still known
+        if values.get("http2") and "url" not in found.bad and not url.startswith("https://"):
+            r.problem(found.nodes["http2"], f"{key}.http2", "HTTP/2 to an upstream needs an https:// url (ALPN)")
+        if "tls" in found:
+            values["tls"] = _tls(found.nodes["tls"], f"{key}.tls", r)
+            if "url" not in found.bad and not url.startswith("https://"):
+                r.problem(found.nodes["tls"], f"{key}.tls", "tls settings need an https:// url")
+        out[name] = Upstream(name=name, url=url.rstrip("/"), **values)
+    return out
+
+
+def _tls(node: yaml.Node, key: str, r: _Reader) -> UpstreamTls | None:
+    found = r.section(node, key, Place.TLS)
+    if found is None:
+        return None
+    values = r.read(found, key, Place.TLS)
+    for name in ("ca", "cert", "key"):
+        path = values.get(name)
+        if path and not os.path.isfile(path):
+            r.problem(found.nodes[name], f"{key}.{name}", f"no such file: {path}")
+    if ("cert" in values) != ("key" in values):
+        r.problem(node, key, "cert and key go together (a client certificate and its private key)")
+    return UpstreamTls(**values)
+
+
+def _routes(
+    top: Found, r: _Reader, upstreams: dict[str, Upstream], defaults: dict[str, str], jwt: JwtSettings
+) -> tuple[Route, ...]:
+    if "routes" not in top:
+        return ()
+    out: list[Route] = []
+    names: set[str] = set()
+    for i, item in enumerate(r.sequence(top.nodes["routes"], "routes") or []):
+        route = _route(item, f"routes[{i}]", r, upstreams, defaults, jwt)
+        if route is None:
+            continue
+        if route.name in names:
+            r.problem(item, f"routes[{i}].name", f"route '{route.name}' is defined twice")
+        names.add(route.name)
+        out.append(route)
+    return tuple(out)
+
+
+def _route(
+    node: yaml.Node, key: str, r: _Reader, upstreams: dict[str, Upstream], defaults: dict[str, str],
+    jwt: JwtSettings,
+) -> Route | None:
+    found = r.section(node, key, Place.ROUTE)
+    if found is None or found.missing:
+        return None
+    name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
+    key = f"{key}({name})" if name else key
+    values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
+    path, methods, host, when = _match(found.nodes["match"], f"{key}.match", r, jwt)
+    upstream_name: str | None = values.pop("upstream", None)
+    upstream = upstreams.get(upstream_name or "")
+    if upstream is None and upstream_name is not None:
+        known = ", ".join(sorted(upstreams)) or "none defined"
+        r.problem(found.nodes["upstream"], f"{key}.upstream", f"no upstream named {upstream_name!r} (known: {known})")
+    rules, rule_nodes = _rules(found, key, r, path_params(path), jwt)
+    if values.get("shards", 1) > 1:
+        _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
+    if values.get("websocket") and upstream is not None and upstream.http2:
+        r.problem(found.nodes["websocket"], f"{key}.websocket",
+                  f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
+    if name is None or (upstream is None and r.proxy):
+        return None
+    return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
+                 when=when, **values)
+
+
+def _match(node: yaml.Node, key: str, r: _Reader,
+           jwt: JwtSettings) -> tuple[str, frozenset[str] | None, str | None, Conditions]:
+    found = r.section(node, key, Place.MATCH)
+    if found is None:
+        return "/", None, None, Conditions()
+    values = r.read(found, key, Place.MATCH)
+    methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
+    headers: list[tuple[bytes, frozenset[bytes] | None]] = []
+    for name, wanted, name_node in _conditions(found, "headers", key, r, presence=True):
+        name = name.lower()
+        if name in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9_-]{1,64}$", name):
+            r.problem(name_node, f"{key}.headers.{name}", UNREADABLE_HEADERS.get(name, f"{name!r} is no header name"))
+            continue
+        headers.append((name.encode(), None if wanted is None else frozenset(v.encode() for v in wanted)))
+    claims = [(name, frozenset(wanted or ())) for name, wanted, _ in _conditions(found, "jwt", key, r)]
+    if claims and not jwt.algorithms:
+        r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
+                                                    "with a key to verify tokens")
+    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())))
+    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when
+
+
+def _conditions(found: Found, place: str, key: str, r: _Reader,
+                presence: bool = False) -> list[tuple[str, tuple[str, ...] | None, yaml.Node]]:
+    """`match.headers` or `match.jwt`: (name, the values it may have or None for any, its node)."""
+    if place not in found:
+        return []
+    node = found.nodes[place]
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        r.problem(node, f"{key}.{place}", "must be a mapping of name to value, [values]" +
+                  (" or true" if presence else ""))
+        return []
+    out: list[tuple[str, tuple[str, ...] | None, yaml.Node]] = []
+    for name_node, value_node in node.value:
+        name = r.text(name_node, f"{key}.{place}")
+        if not name:
+            continue
+        where = f"{key}.{place}.{name}"
+        if isinstance(value_node, yaml.SequenceNode):
+            items = [r.text(item, where) for item in value_node.value]
+            if not items or any(item is None for item in items):
+                r.problem(value_node, where, "must list at least one value")
+                continue
+            out.append((name, tuple(item.strip() for item in items if item is not None), name_node))
+            continue
+        text = r.text(value_node, where)
+        if text is None:
+            continue
+        if presence and value_node.tag == "tag:yaml.org,2002:bool" and text.lower() in TRUE:
+            out.append((name, None, name_node))
+        elif value_node.tag == "tag:yaml.org,2002:bool":
+            r.problem(value_node, where, "must be a value or [values]" + (" (true: present)" if presence else ""))
+        else:
+            out.append((name, (text.strip(),), name_node))
+    return out
+
+
+def _rules(
+    route: Found, key: str, r: _Reader, params: list[str], jwt: JwtSettings
+) -> tuple[list[Rule], list[yaml.Node]]:
+    rules: list[Rule] = []
+    nodes: list[yaml.Node] = []
+    if "limits" not in route:
+        return rules, nodes
+    names: set[str] = set()
+    for j, node in enumerate(r.sequence(route.nodes["limits"], f"{key}.limits") or []):
+        if j == MAX_RULES:
+            r.problem(node, f"{key}.limits[{j}]", f"a route holds at most {MAX_RULES} rules")
+        rule = _rule(node, f"{key}.limits[{j}]", r, params, jwt)
+        if rule is None:
+            continue
+        if rule.name in names:
+            r.problem(node, f"{key}.limits[{j}].name", f"rule '{rule.name}' is defined twice")
+        names.add(rule.name)
+        rules.append(rule)
+        nodes.append(node)
+    return rules, nodes
+
+
+def _check_shards(
+    snode: yaml.Node, key: str, r: _Reader, rules: list[Rule], nodes: list[yaml.Node], shards: int
+) -> None:
+    """A sharded route needs an identity to spread by, and every split rule a share of at least
+    one (and of at least its cost) in every shard."""
+    if not rules:
+        r.problem(snode, f"{key}.shards", "a route without limits has nothing to shard")
+        return
+    first = rules[0]
+    if not first.by:
+        r.problem(snode, f"{key}.shards",
+                  f"the first rule ({first.name!r}) has no identity (by: []): nothing to spread the shards by")
+        return
+    if first.on_missing == "skip":
+        r.problem(snode, f"{key}.shards",
+                  f"the first rule ({first.name!r}) has on_missing: skip: a request without its identity "
+                  "would have no shard (use reject or ip)")
+    for j, (rule, rnode) in enumerate(zip(rules, nodes, strict=True)):
+        if keeps_full_limit(first, rule):
+            continue
+        where = f"{key}.limits[{j}]({rule.name})"
+        size = "burst" if rule.algorithm in BUCKET_ALGORITHMS else "limit"
+        node = _child(rnode, size) or rnode
+        total = rule.quota_size
+        if total < shards:
+            r.problem(node, f"{where}.{size}",
+                      f"{size} {total} is split over shards: {shards}; each shard needs at least 1 "
+                      f"(use shards <= {total}, or give the rule the first rule's identity)")
+            continue
+        smallest = shard_share(total, shards, shards - 1) + (1 if rule.algorithm == Algorithm.LEAKY_BUCKET else 0)
+        if rule.cost > smallest:
+            r.problem(_child(rnode, "cost") or node, f"{where}.cost",
+                      f"cost {rule.cost} can never fit a shard's share ({smallest} of {size} {total} "
+                      f"over shards: {shards})")
+
+
+def _child(node: yaml.Node, name: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for knode, vnode in node.value:
+            if isinstance(knode, yaml.ScalarNode) and knode.value == name:
+                assert isinstance(vnode, yaml.Node)
+                return vnode
+    return None
+
+
+def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Rule | None:
+    found = r.section(node, key, Place.RULE, require=False)
+    if found is None or not r.require(found, key, Place.RULE, only=["name", "algorithm"]):
+        return None
+    name = r.read(found, key, Place.RULE, only=["name"]).get("name")
+    key = f"{key}({name})" if name else key
+    r.require(found, key, Place.RULE)
+    algorithm = r.read(found, key, Place.RULE, only=["algorithm"]).get("algorithm")
+    if name is None or algorithm is None:
+        return None
+    algorithm = Algorithm(algorithm)
+    needed, optional = parameters(algorithm)
+    takes = needed + optional
+    for f in fields(Place.RULE):
+        if f.is_parameter and f.key in found and f.key not in takes:
+            r.problem(found.nodes[f.key], f"{key}.{f.key}",
+                      f"is not a parameter of {algorithm} (it takes {', '.join(takes)})")
+    for pkey in needed:
+        if pkey not in found:
+            r.problem(node, f"{key}.{pkey}", f"is required by {algorithm}")
+    foreign = [f.key for f in fields(Place.RULE) if f.is_parameter and f.key not in takes]
+    values = r.read(found, key, Place.RULE, skip=["name", "algorithm", *foreign])
+    for statuses in ("count_on", "refund_on"):
+        if statuses in values:
+            values[statuses] = frozenset(status for covered in values[statuses] for status in covered)
+    if algorithm == Algorithm.CONCURRENCY and values.get("limit", 0) > SLIDING_LOG_MAX:
+        message = f"concurrency keeps one lease per request in flight; use at most {SLIDING_LOG_MAX}"
+        r.problem(found.nodes["limit"], f"{key}.limit", message)
+    if algorithm == Algorithm.SLIDING_LOG and values.get("limit", 0) > SLIDING_LOG_MAX:
+        message = f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX} (or sliding_window)"
+        r.problem(found.nodes["limit"], f"{key}.limit", message)
+    by: list[Source] = []
+    if "by" in found:
+        for j, snode in enumerate(r.sequence(found.nodes["by"], f"{key}.by") or []):
+            source = _source(snode, f"{key}.by[{j}]", r, params, jwt)
+            if source is not None:
+                by.append(source)
+    if "cost" in found:
+        values.update(_cost(found.nodes["cost"], f"{key}.cost", r))
+    if found.bad or any(p not in found for p in needed):
+        return None
+    rule = Rule(name=name, by=tuple(by), algorithm=algorithm, **values)
+    if rule.window and not MIN_WINDOW <= rule.window <= MAX_SPAN:
+        span = "period" if rule.algorithm == Algorithm.QUOTA else "window"
+        r.problem(found.nodes.get(span), f"{key}.{span}", "must be from 1ms to 100 years")
+    if rule.algorithm in BUCKET_ALGORITHMS and rule.burst / rule.rate > MAX_SPAN:
+        r.problem(found.nodes.get("rate"), f"{key}.rate",
+                  "refills the burst too slowly: burst / rate must be at most 100 years")
+    if rule.cost > rule.capacity:
+        message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
+        r.problem(found.nodes.get("cost"), f"{key}.cost", message)
+    _check_settling(rule, found, key, r)
+    return rule
+
+
+def _check_settling(rule: Rule, found: Found, key: str, r: _Reader) -> None:
+    """What counting by the answer cannot do (docs/algorithms.md, "Counting by the answer")."""
+    after = "count_on" if rule.count_on else "cost" if rule.cost_response_header else None
+    if after and rule.algorithm == Algorithm.LEAKY_BUCKET:
+        r.problem(found.nodes[after], f"{key}.{after}", "a leaky_bucket places a request in its queue at "
+                  "admission; it cannot be charged after the answer")
+    if rule.algorithm == Algorithm.CONCURRENCY:
+        for name in ("count_on", "refund_on"):
+            if name in found:
+                r.problem(found.nodes[name], f"{key}.{name}", "a concurrency slot is always given back when the "
+                          "request ends; it is never charged or refunded by the answer")
+        if rule.cost_response_header or rule.cost_header:
+            r.problem(found.nodes["cost"], f"{key}.cost", "a concurrency rule's cost is a number of slots")
+        if not MIN_WINDOW <= rule.lease <= MAX_SPAN:
+            r.problem(found.nodes.get("lease"), f"{key}.lease", "must be from 1ms to 100 years")
+    if rule.count_on and rule.cost_header:
+        r.problem(found.nodes["count_on"], f"{key}.count_on", "a cost the client declares (header:NAME) is "
+                  "charged at admission; count_on charges after the answer (use a number or response_header:NAME)")
+    if not rule.refund_on:
+        return
+    node = found.nodes["refund_on"]
+    if after:
+        r.problem(node, f"{key}.refund_on", "nothing is charged at admission to give back: the rule is charged "
+                  f"after the answer ({after})")
+    elif rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.SLIDING_LOG):
+        why = ("has already delayed the request" if rule.algorithm == Algorithm.LEAKY_BUCKET
+               else "logs each admission at its moment; giving another's back would admit too many")
+        r.problem(node, f"{key}.refund_on", f"a {rule.algorithm} cannot give units back: it {why}")
+
+
+def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
+    """{"cost": N} or {"cost_header": NAME}; nothing when refused (the rule's other checks still run)."""
+    text = r.text(node, key)
+    if text is None:
+        return {}
+    if text.startswith("response_header:"):
+        header = text[len("response_header:"):].strip().lower()
+        if header in UNREADABLE_HEADERS or not re.match(r"^[a-z0-9-]{1,64}$", header):
+            r.problem(node, key, f"{text!r} names no header an upstream's answer may carry")
+        return {"cost_response_header": header}
+    if text.startswith("header:"):
+        header = text[len("header:"):].strip().lower()
+        if header in UNREADABLE_HEADERS:
+            r.problem(node, key, UNREADABLE_HEADERS[header])
+        if not re.match(r"^[a-z0-9-]{1,64}$", header):
+            r.problem(node, key, f"{text!r} names no valid header")
+        return {"cost_header": header}
+    try:
+        cost = int(text)
+        if not 1 <= cost <= MAX_COST:
+            raise ValueError
+    except ValueError:
+        r.problem(node, key, f"{text!r} must be a whole number >= 1, header:NAME or response_header:NAME")
+        return {}
+    return {"cost": cost}
+
+
+def _source(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Source | None:
+    text = r.text(node, key)
+    if text is None:
+        return None
+    kind, _, name = text.partition(":")
+    kind = kind.strip()
+    name = name.strip()
+    if kind not in SOURCE_KINDS:
+        known = "ip, method, body, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM"
+        r.problem(node, key, f"{text!r} is not an identity source (one of: {known})")
+        return None
+    if kind in NAMELESS_SOURCES:
+        if name:
+            r.problem(node, key, f"{kind} takes no name")
+            return None
+        return Source(kind)
+    if not name or len(name) > 128:
+        r.problem(node, key, f"{kind} needs a name, as in {kind}:NAME")
+        return None
+    if kind == "path" and name not in params:
+        has = ", ".join(params) or "none"
+        r.problem(node, key, f"path parameter {name!r} is not in the route's path (it has: {has})")
+        return None
+    if kind == "jwt" and not jwt.algorithms:
+        r.problem(node, key, "jwt identities need a top-level jwt: section with a key to verify tokens")
+        return None
+    if kind == "header":
+        name = name.lower()
+        if name in UNREADABLE_HEADERS:
+            r.problem(node, key, UNREADABLE_HEADERS[name])
+            return None
+    return Source(kind, name)
+
+
+# Fields no identity can read: hop-by-hop or framing (the gateway removes or rewrites them before
+# identities are read, so the limit and the upstream never see them as sent).
+_HOP = "is hop-by-hop: removed before identities are read, never forwarded"
+UNREADABLE_HEADERS = {
+    **{name.decode(): f"header {name.decode()} {_HOP}" for name in sorted(HOP_BY_HOP)},
+    "content-length": "header content-length is framing the gateway writes itself; it is not an identity",
+    "expect": "header expect is handled by the gateway and never forwarded",
+    "x-forwarded-proto": "header x-forwarded-proto is written by the gateway; the client's is dropped",
+    "x-forwarded-host": "header x-forwarded-host is written by the gateway; use header:host (the client's Host)",
+}

@@ -1,0 +1,194 @@
+"""The validated configuration: frozen objects, their defaults read from the field table."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.config.fields import BUCKET_ALGORITHMS, Algorithm, Place, default
+
+P = Place
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = default(P.REDIS, "url")
+    mode: str = default(P.REDIS, "mode")
+    timeout: float = default(P.REDIS, "timeout")
+    key_prefix: str = default(P.REDIS, "key_prefix")
+    sentinel_master: str = default(P.REDIS, "sentinel_master")
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    ca: str | None = default(P.TLS, "ca")
+    cert: str | None = default(P.TLS, "cert")
+    key: str | None = default(P.TLS, "key")
+    verify: bool = default(P.TLS, "verify")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    name: str
+    url: str
+    timeout: float = default(P.UPSTREAM, "timeout")
+    connect_timeout: float = default(P.UPSTREAM, "connect_timeout")
+    max_connections: int = default(P.UPSTREAM, "max_connections")
+    http2: bool = default(P.UPSTREAM, "http2")
+    tls: UpstreamTls | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str
+    name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}" if self.name else self.kind
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule. `algorithm` may be given as its name; it is always an Algorithm once built."""
+
+    name: str
+    by: tuple[Source, ...]
+    algorithm: str
+    limit: int = default(P.RULE, "limit")          # windows and quota
+    window: float = default(P.RULE, "window")      # seconds; windows; quota period (0 = never refills)
+    rate: float = default(P.RULE, "rate")          # per second; buckets
+    burst: int = default(P.RULE, "burst")          # buckets
+    cost: int = default(P.RULE, "cost")
+    cost_header: str | None = None                 # the client declares the cost (header:NAME)
+    status: int = default(P.RULE, "status")
+    shadow: bool = default(P.RULE, "shadow")
+    on_missing: str = default(P.RULE, "on_missing")
+    cost_response_header: str | None = None        # the upstream declares the cost (response_header:NAME)
+    count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
+    refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
+    lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
+    max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "algorithm", Algorithm(self.algorithm))
+
+    @property
+    def charged_after(self) -> bool:
+        """Checked at admission, charged when the answer comes (count_on, cost: response_header)."""
+        return bool(self.count_on) or self.cost_response_header is not None
+
+    @property
+    def settles(self) -> bool:
+        """Whether the answer may change what this rule counts."""
+        return self.charged_after or bool(self.refund_on)
+
+    @property
+    def capacity(self) -> int:
+        """The largest cost this rule can ever admit at once."""
+        if self.algorithm == Algorithm.LEAKY_BUCKET:
+            return self.burst + 1
+        return self.quota_size
+
+    @property
+    def quota_size(self) -> int:
+        return self.burst if self.algorithm in BUCKET_ALGORITHMS else self.limit
+
+    @property
+    def policy_window(self) -> float:
+        """Seconds the quota is measured over, for RateLimit-Policy (0 = no window)."""
+        if self.algorithm == Algorithm.CONCURRENCY:
+            return 0.0  # slots in flight, not a rate
+        if self.algorithm in BUCKET_ALGORITHMS:
+            return self.burst / self.rate
+        return self.window
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """Who is asking, beyond path, methods and host (`match: headers, jwt, client`): every one given
+    must hold, or the route is passed over for the next."""
+
+    headers: tuple[tuple[bytes, frozenset[bytes] | None], ...] = ()  # name, its values (None: present)
+    jwt: tuple[tuple[str, frozenset[str]], ...] = ()                 # claim, its values
+    client: tuple[Network, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.headers or self.jwt or self.client)
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    path: str
+    methods: frozenset[str] | None
+    host: str | None
+    upstream: Upstream | None  # None only where the middleware guards an app in-process
+    limits: tuple[Rule, ...]
+    failure_mode: str = default(P.ROUTE, "failure_mode")
+    headers: str = default(P.ROUTE, "headers")
+    shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
+    websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
+    websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
+    when: Conditions = Conditions()            # match: headers, jwt, client
+
+    @property
+    def split(self) -> tuple[bool, ...]:
+        """Per rule: whether it holds its limit split over the shards (see `keeps_full_limit`)."""
+        if self.shards == 1 or not self.limits:
+            return tuple(False for _ in self.limits)
+        first = self.limits[0]
+        return tuple(not keeps_full_limit(first, rule) for rule in self.limits)
+
+
+def keeps_full_limit(first: Rule, rule: Rule) -> bool:
+    """Whether every request of one of `rule`'s identities lands in one shard of a route whose
+    shard is chosen by `first`'s identity: its sources include all of `first`'s, so its identity
+    fixes `first`'s. Not when it falls back to the client address while `first` does not (its key
+    would then be shared by requests that `first` sends to different shards)."""
+    mine, theirs = set(rule.by), set(first.by)
+    if not theirs or not mine >= theirs:
+        return False
+    return mine == theirs or rule.on_missing != "ip"
+
+
+def shard_share(total: int, shards: int, shard: int) -> int:
+    """Shard `shard`'s part of `total` split over `shards`: floor division, the remainder one each
+    to the first shards, so the shares add up to exactly `total`."""
+    base, extra = divmod(total, shards)
+    return base + (1 if shard < extra else 0)
+
+
+@dataclass(frozen=True)
+class JwtSettings:
+    algorithms: tuple[str, ...] = default(P.JWT, "algorithms")
+    secret: str | None = None
+    public_key: str | None = None
+    audience: str | None = None
+    issuer: str | None = None
+    header: str = default(P.JWT, "header")
+    leeway: float = default(P.JWT, "leeway")
+
+
+LOCAL_REFUSALS_MAX: int = default(P.LOCAL_REFUSALS, "max_entries")  # refusals each worker keeps (refusals.py)
+LOCAL_REFUSALS_HOLD: float = default(P.LOCAL_REFUSALS, "max_hold")  # seconds before Redis is asked again
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str
+    redis: RedisSettings
+    trusted_proxies: tuple[Network, ...]
+    upstreams: Mapping[str, Upstream]
+    routes: tuple[Route, ...]
+    jwt: JwtSettings = field(default_factory=JwtSettings)
+    admin_token: str | None = None
+    body_digest_max_bytes: int = default(P.IDENTITY, "body_max_bytes")
+    identity_max_bytes: int = default(P.IDENTITY, "max_length")
+    access_log: bool = default(P.TOP, "access_log")
+    local_refusals_max: int = LOCAL_REFUSALS_MAX  # 0: every request asks Redis
+    local_refusals_hold: float = LOCAL_REFUSALS_HOLD  # how stale an admin reset may be elsewhere
+

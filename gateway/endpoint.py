@@ -1,0 +1,147 @@
+"""The proxy endpoint: one request -> the pipeline -> forwarded to its upstream, or answered.
+
+A pure ASGI callable, routed by the Starlette app (gateway/app.py) for every request that did not
+arrive on the admin port. An admitted WebSocket handshake is forwarded with the server's hand-over
+of the client connection (the `gateway.upgrade` extension): a 101 from the upstream becomes a tunnel
+(gateway/tunnel.py), and the call returns when it closes. `answer_early` is the same endpoint for
+the server protocol's early path: a refusal held in memory, answered before the application is
+entered (gateway/pipeline.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from gateway import metrics
+from gateway.accounting import Accounting
+from gateway.errors import UpstreamTimeout, UpstreamUnavailable
+from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
+from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
+from gateway.request_id import new_request_id, request_id_for
+from gateway.responses import Headers, problem, send_answer
+from gateway.runtime import Runtime
+from gateway.tunnel import switcher, upgrade_acceptor
+
+Reply = tuple[int, Headers, bytes]
+
+
+class ProxyEndpoint:
+    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, admin_port: int,
+                 accounting: Accounting) -> None:
+        self.current = current  # the Runtime in force (a reload swaps it)
+        self.limits = limits
+        self.accounting = accounting
+        self.admin_port = admin_port  # requests that arrived there are the admin app's
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime = self.current()
+        assert runtime is not None, "the lifespan starts the runtime before any request"
+        runtime.enter()
+        started = time.perf_counter()
+        try:
+            result = await decide(runtime, scope, receive, self.limits)
+            if isinstance(result, Answer):
+                request_id = result.request_id or new_request_id()
+                status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
+            else:
+                request_id = request_id_for(result.request.request_id)
+                lease, leases = result.lease, runtime.leases
+                if lease is not None and leases is not None:
+                    leases.hold(lease)  # its slots while it is in flight (a tunnel too), given back however it ends
+                try:
+                    status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime,
+                                            scope)
+                finally:
+                    if lease is not None and leases is not None:
+                        leases.release(lease)
+            self.accounting.account(runtime.config, scope, request_id, result, status, started)
+        finally:
+            runtime.leave()
+
+    def answer_early(self, scope: Scope) -> Reply | None:
+        """For the server protocol: the whole answer to a request refused from memory, or None."""
+        runtime = self.current()
+        server = scope.get("server")
+        if runtime is None or server is None or server[1] == self.admin_port:
+            return None
+        started = time.perf_counter()
+        answer = decide_now(runtime, scope, self.limits)
+        if answer is None:
+            return None
+        request_id = answer.request_id or new_request_id()
+        self.accounting.account(runtime.config, scope, request_id, answer, answer.status, started)
+        return answer.status, [*answer.headers, (b"x-request-id", request_id)], answer.body
+
+
+async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
+    headers = [*answer.headers, (b"x-request-id", request_id)]
+    if answer.close:
+        headers.append((b"connection", b"close"))
+    return await send_answer(send, (answer.status, headers, answer.body))
+
+
+async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                   runtime: Runtime, scope: Scope) -> int:
+    switched = None
+    if admit.request.upgrade:
+        accept = upgrade_acceptor(scope)
+        if accept is None:  # a server that cannot hand the connection over (uvicorn's own protocol)
+            return await _reply(send, problem(501, "this server cannot switch protocols"), request_id)
+        switched = switcher(accept, admit.plan.route.websocket_idle_timeout)
+    settlement, settler = admit.settlement, runtime.settler
+    if settlement is None or settler is None:
+        return await _forward_as_is(admit, receive, send, request_id, body_timeout, None, switched)
+    withheld = admit.plan.withheld
+
+    def on_head(status: int, fields: httpx.Headers) -> frozenset[bytes]:
+        settler.settle(settlement, status, fields)  # charged or refunded as the answer's head arrives
+        return withheld
+
+    status = 499
+    try:
+        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
+    finally:  # no head came: the gateway's own answer (502, 504, 408), or the client left (499)
+        settler.settle(settlement, status, None)
+    return status
+
+
+async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
+                         on_head: HeadHook | None, switched: Switched | None = None) -> int:
+    if admit.delay_ms > 0:
+        await asyncio.sleep(admit.delay_ms / 1000)
+    client = admit.plan.client
+    assert client is not None, "a proxied route has an upstream"
+    body = None
+    if admit.more_body or admit.body_prefix:
+        body = RequestBody(admit.body_prefix or b"", admit.more_body, receive, body_timeout)
+    response_headers = [*admit.headers, (b"x-request-id", request_id)]
+    name = client.upstream.name
+    started = time.perf_counter()
+    try:
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched)
+    except UpstreamTimeout as exc:
+        metrics.upstream_errors(name, "timeout").inc()
+        return await _reply(send, problem(504, str(exc)), request_id)
+    except UpstreamUnavailable as exc:
+        metrics.upstream_errors(name, "unavailable").inc()
+        return await _reply(send, problem(502, str(exc)), request_id)
+    except ClientTooSlow:
+        status, headers, data = problem(408, "the request body stopped arriving")
+        headers.append((b"connection", b"close"))  # RFC 9110 15.5.9: the server closes after a 408
+        return await _reply(send, (status, headers, data), request_id)
+    except ClientDisconnected:
+        return 499
+    metrics.upstream_latency(name).observe(time.perf_counter() - started)
+    if forwarded.aborted:
+        metrics.upstream_errors(name, "aborted").inc()
+    return forwarded.status
+
+
+async def _reply(send: Send, response: Reply, request_id: bytes) -> int:
+    status, headers, body = response
+    return await send_answer(send, (status, [*headers, (b"x-request-id", request_id)], body))

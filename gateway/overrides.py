@@ -1,0 +1,440 @@
+"""Per-identity overrides at runtime: one rule's numbers replaced for one identity (SPEC §2, §5).
+
+An override is the rule's own parameters (`{"rate": "100/s", "burst": 200}`,
+`{"limit": 5000, "window": "1h"}`), validated as the file's are, or `{"unlimited": true}`: that rule
+sits out for the identity, as with `on_missing: skip`. Parameters the body leaves out that the
+algorithm takes as optional (a quota's period) keep the file's.
+
+Stored in Redis, in the route's hash tag (so one Cluster slot holds a route's overrides):
+
+    <prefix>:{<route>}:<rule>:~overrides        hash: identity token -> parameters (JSON)
+    <prefix>:{<route>}:<rule>:~changes          list: the identities of the last changes (1000)
+    <prefix>:{<route>}:~overrides:versions      hash: rule -> a counter bumped by every change
+    <prefix>:~overrides:routes                  set: routes that have had overrides
+
+No identity token is `~overrides` or `~changes` (gateway.keys: a token is readable characters, `~` alone, or
+`~` and 20 more), so these never meet a rule's state. Each worker polls the versions of its
+routes every second (one HGETALL per route, batched into one round trip); of a rule whose version
+changed it reads only the overrides changed since the version it holds (one script call), or, when
+more changed than the list keeps, the whole hash again (HSCAN): every gateway applies a change
+within about 2 s, whatever the number of overrides. A worker
+keeps the stored text of every override of its routes, so a reload rebuilds the table at once;
+a start reads them all before serving. A rule's overrides are bounded by its `max_overrides`
+(default 100000). Rules and routes no longer in the file lose their overrides when a gateway
+starts or reloads with that file.
+
+A request whose identity has an override is decided in the route's one script call with the
+overridden numbers as ARGV (gateway/decision_script.py); every other request takes the file's
+script, unchanged. On a sharded route, a rule split over the shards has its override split the
+same way (gateway/config: `shard_share`). When overrides change, the worker's refusals held in
+memory (gateway/refusals.py), and the requests they were held for (gateway/repeats.py), are
+dropped: none answers with the old numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gateway.config import BUCKET_ALGORITHMS, MAX_SPAN, MIN_WINDOW, Algorithm, Config, Place, Rule, shard_share
+from gateway.config.fields import SLIDING_LOG_MAX, parameters
+from gateway.config.fields import field as config_field
+from gateway.config.kinds import Scalar
+from gateway.errors import RedisUnavailable
+from gateway.keys import state_key
+from gateway.limiter import RuleSpec, rule_spec
+from gateway.scripts import Script
+
+if TYPE_CHECKING:
+    from gateway.limiter import Limiter
+    from gateway.runtime import RoutePlan, Runtime
+
+log = logging.getLogger("gateway.overrides")
+
+SYNC_INTERVAL = 1.0  # seconds between two polls of the versions
+PAGE = 1000          # fields asked per HSCAN when a rule's overrides are read
+CHANGES = 1000       # changes each rule keeps listed, for workers to read only what changed
+MAX_BODY = 4096      # bytes of a PUT body
+SUFFIX = "~overrides"
+
+PUT = Script("overrides_put")
+DELETE = Script("overrides_delete")
+DROP = Script("overrides_drop")
+CHANGED = Script("overrides_changes")
+COMMAND = Script("command")
+
+
+# parameters an override may not set, and why
+FILE_ONLY = {"lease": "is the file's for every identity: gateways renew leases by it (lua/leases.lua)"}
+
+
+class OverrideInvalid(ValueError):
+    """A body that is not a valid override of its rule; `field` names the parameter at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def parse_override(rule: Rule, body: Any) -> Rule | None:
+    """`rule` with the numbers of `body` (a decoded JSON object), or None for `{"unlimited": true}`.
+    Raises OverrideInvalid."""
+    if not isinstance(body, dict):
+        raise OverrideInvalid("", 'the body must be a JSON object of the rule\'s parameters, or {"unlimited": true}')
+    if "unlimited" in body:
+        if body != {"unlimited": True}:
+            raise OverrideInvalid("unlimited", "must be true, and alone in the body")
+        return None
+    algorithm = Algorithm(rule.algorithm)
+    needed, optional = parameters(algorithm)
+    takes = needed + optional
+    for key in body:
+        if key not in takes:
+            raise OverrideInvalid(str(key)[:64], f"is not a parameter of {algorithm} (it takes {', '.join(takes)})")
+        if key in FILE_ONLY:
+            raise OverrideInvalid(key, FILE_ONLY[key])
+    for key in needed:
+        if key not in body:
+            raise OverrideInvalid(key, f"is required by {algorithm}")
+    values: dict[str, Any] = {}
+    for key, value in body.items():
+        spec = config_field(Place.RULE, key)
+        kind = spec.kind
+        assert isinstance(kind, Scalar), kind
+        text = value if isinstance(value, str) else json.dumps(value)
+        try:
+            values[spec.name] = kind.parse(text)
+        except ValueError as exc:
+            raise OverrideInvalid(key, f"must be {kind.noun}: {exc}" if kind.noun else str(exc)) from None
+    new = replace(rule, **values)
+    if new.algorithm == Algorithm.SLIDING_LOG and new.limit > SLIDING_LOG_MAX:
+        raise OverrideInvalid("limit", f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX}")
+    if new.window and not MIN_WINDOW <= new.window <= MAX_SPAN:
+        raise OverrideInvalid("period" if new.algorithm == Algorithm.QUOTA else "window",
+                              "must be from 1ms to 100 years")
+    if new.algorithm in BUCKET_ALGORITHMS and new.burst / new.rate > MAX_SPAN:
+        raise OverrideInvalid("rate", "refills the burst too slowly: burst / rate must be at most 100 years")
+    if new.cost > new.capacity:
+        size = "burst" if new.algorithm in BUCKET_ALGORITHMS else "limit"
+        raise OverrideInvalid(size, f"the rule's cost {new.cost} can never fit: it would hold at most {new.capacity}")
+    return new
+
+
+def check_shards(plan: RoutePlan, index: int, rule: Rule) -> None:
+    """A rule split over a sharded route's shards needs a share of at least 1 (and of its cost) in
+    each, as the loader asks of the file's (gateway/config/loader.py)."""
+    shards = plan.shards
+    if shards == 1 or not plan.route.split[index]:
+        return
+    size = "burst" if rule.algorithm in BUCKET_ALGORITHMS else "limit"
+    total = rule.quota_size
+    if total < shards:
+        raise OverrideInvalid(size, f"{size} {total} is split over the route's {shards} shards; "
+                                    f"each needs at least 1")
+    smallest = shard_share(total, shards, shards - 1) + (1 if rule.algorithm == Algorithm.LEAKY_BUCKET else 0)
+    if rule.cost > smallest:
+        raise OverrideInvalid(size, f"the rule's cost {rule.cost} can never fit a shard's share ({smallest} of "
+                                    f"{size} {total} over {shards} shards)")
+
+
+def canonical(body: Mapping[str, Any]) -> str:
+    """The stored text of a valid override's body."""
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+class Entry(NamedTuple):
+    """One identity's override of one rule, as the pipeline applies it."""
+
+    rule: Rule | None              # the rule with the override's numbers; None: unlimited (sits out)
+    specs: tuple[RuleSpec, ...]    # per shard of the route: the spec run, `base` the file's
+
+
+RouteTable = dict[int, dict[str, Entry]]  # rule index -> identity token -> override
+
+
+def entry(plan: RoutePlan, index: int, text: str) -> Entry:
+    """The Entry of a stored override on `plan`'s rule `index`. Raises OverrideInvalid or ValueError
+    when the file's rule no longer takes it (its algorithm changed, say)."""
+    file_rule = plan.rules[index]
+    rule = parse_override(file_rule, json.loads(text))
+    if rule is None:
+        return Entry(None, ())
+    check_shards(plan, index, rule)
+    split = plan.route.split[index]
+    specs = []
+    for shard in range(plan.shards):
+        spec = rule_spec(rule, plan.shards, shard) if split else rule_spec(rule)
+        specs.append(spec._replace(base=plan.shard_args[shard][index]))
+    return Entry(rule, tuple(specs))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Store:
+    """The overrides in Redis, through the limiter's runner (scripts only: gateway.limiter)."""
+
+    def __init__(self, limiter: Limiter, prefix: str) -> None:
+        self.limiter = limiter
+        self.prefix = prefix
+
+    def hash_key(self, route: str, rule: str) -> str:
+        return state_key(self.prefix, route, rule, SUFFIX)
+
+    def changes_key(self, route: str, rule: str) -> str:
+        return state_key(self.prefix, route, rule, "~changes")
+
+    def _keys(self, route: str, rule: str) -> list[str]:
+        return [self.hash_key(route, rule), self.versions_key(route), self.changes_key(route, rule)]
+
+    def versions_key(self, route: str) -> str:
+        return state_key(self.prefix, route, SUFFIX, "versions")
+
+    @property
+    def routes_key(self) -> str:
+        return f"{self.prefix}:{SUFFIX}:routes"
+
+    async def _command(self, key: str, *args: str | int) -> Any:
+        return await self.limiter.run_script(COMMAND, [key], list(args))
+
+    async def put(self, route: str, rule: str, token: str, text: str, most: int) -> bool:
+        """Store it; False when the rule holds `most` overrides already (and not this identity's)."""
+        version = await self.limiter.run_script(PUT, self._keys(route, rule), [token, text, most, rule, CHANGES])
+        if version == -1:
+            return False
+        await self._command(self.routes_key, "SADD", route)
+        return True
+
+    async def delete(self, route: str, rule: str, token: str) -> bool:
+        found = await self.limiter.run_script(DELETE, self._keys(route, rule), [token, rule, CHANGES])
+        return bool(found)
+
+    async def get(self, route: str, rule: str, token: str) -> str | None:
+        value = await self._command(self.hash_key(route, rule), "HGET", token)
+        return None if value is None else _text(value)
+
+    async def count(self, route: str, rule: str) -> int:
+        return int(await self._command(self.hash_key(route, rule), "HLEN"))
+
+    async def page(self, route: str, rule: str, cursor: str, count: int) -> tuple[str, list[tuple[str, str]]]:
+        """One HSCAN step: the next cursor ("0" at the end) and about `count` (token, text) pairs."""
+        reply = await self._command(self.hash_key(route, rule), "HSCAN", cursor, "COUNT", count)
+        nxt, flat = _text(reply[0]), reply[1]
+        return nxt, [(_text(flat[j]), _text(flat[j + 1])) for j in range(0, len(flat), 2)]
+
+    async def read_all(self, route: str, rule: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        cursor = "0"
+        while True:
+            cursor, pairs = await self.page(route, rule, cursor, PAGE)
+            out.update(pairs)
+            if cursor == "0":
+                return out
+
+    async def changes(self, route: str, rule: str, since: int) -> tuple[int, dict[str, str | None] | None]:
+        """The rule's version, and each identity whose override changed since version `since` with
+        its parameters now (None: removed); None instead when they are no longer all listed."""
+        reply = await self.limiter.run_script(
+            CHANGED, [self.hash_key(route, rule), self.changes_key(route, rule), self.versions_key(route)],
+            [rule, since])
+        version, listed, flat = int(reply[0]), int(reply[1]), reply[2:]
+        if not listed:
+            return version, None
+        return version, {_text(flat[j]): None if flat[j + 1] is None else _text(flat[j + 1])
+                         for j in range(0, len(flat), 2)}
+
+    async def versions(self, route: str) -> dict[str, int]:
+        flat = await self._command(self.versions_key(route), "HGETALL")
+        return {_text(flat[j]): int(flat[j + 1]) for j in range(0, len(flat), 2)}
+
+    async def drop_removed(self, config: Config) -> int:
+        """Drop the overrides of rules and routes that `config` no longer has; how many."""
+        dropped = 0
+        current = {route.name: {rule.name for rule in route.limits} for route in config.routes}
+        known = {_text(name) for name in await self._command(self.routes_key, "SMEMBERS")}
+        for route in sorted(known | set(current)):
+            rules = current.get(route)
+            gone = [name for name in await self.versions(route) if rules is None or name not in rules]
+            doomed = [key for r in gone for key in (self.hash_key(route, r), self.changes_key(route, r))]
+            if rules is None:
+                dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], [])
+                await self._command(self.routes_key, "SREM", route)
+            elif gone:
+                dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], gone)
+        return int(dropped)
+
+
+@dataclass
+class Overrides:
+    """One worker's copy of the overrides of its routes, kept in step with Redis (`sync`)."""
+
+    stored: dict[tuple[str, str], tuple[int, dict[str, str]]] = field(default_factory=dict)  # version, texts
+    built_for: Runtime | None = None
+    cleaned_for: Runtime | None = None
+
+    async def sync(self, runtime: Runtime) -> bool:
+        """Read what changed since the last sync and rebuild `runtime.overrides`; True if anything
+        changed. Raises RedisUnavailable."""
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        if self.cleaned_for is not runtime:
+            dropped = await store.drop_removed(runtime.config)
+            if dropped:
+                log.info("dropped %d overrides of rules no longer in the file", dropped)
+            self.cleaned_for = runtime
+        plans = [plan for plan in runtime.plans.values() if plan.rules]
+        all_versions = await asyncio.gather(*(store.versions(plan.route.name) for plan in plans))
+        wanted: set[tuple[str, str]] = set()
+        stale: list[tuple[str, str, int]] = []
+        for plan, versions in zip(plans, all_versions, strict=True):
+            for name in (r.name for r in plan.rules):
+                at = (plan.route.name, name)
+                wanted.add(at)
+                version = versions.get(name, 0)
+                have = self.stored.get(at)
+                if (have[0] if have else 0) != version:
+                    stale.append((*at, version))
+        read = await asyncio.gather(*(self._read(store, route, name) for route, name, _ in stale))
+        whole: set[str] = set()  # routes with a rule read whole: their tables are built again
+        changed: list[tuple[str, str, dict[str, str | None]]] = []  # the others: these identities
+        for (route, name), tokens in zip(((r, n) for r, n, _ in stale), read, strict=True):
+            if tokens is None:
+                whole.add(route)
+            else:
+                changed.append((route, name, tokens))
+        for at in [at for at in self.stored if at not in wanted]:
+            del self.stored[at]
+        if self.built_for is not runtime:
+            self.apply(runtime)
+        else:
+            for route in whole:
+                self._rebuild(runtime, route)
+            for route, name, tokens in changed:
+                if route not in whole:
+                    self._update(runtime, route, name, tokens)
+        if stale:  # nothing held in memory may answer with the old numbers
+            runtime.refusals.clear()
+            runtime.repeats.clear()  # the requests seen, with their rules as they were
+        return bool(stale)
+
+    async def _read(self, store: Store, route: str, name: str) -> dict[str, str | None] | None:
+        """Bring the stored texts of one rule up to date: the identities changed (None: read whole)."""
+        have = self.stored.get((route, name))
+        if have is not None and have[0] > 0:
+            version, tokens = await store.changes(route, name, have[0])
+            if tokens is not None:
+                texts = have[1]
+                for token, text in tokens.items():
+                    if text is None:
+                        texts.pop(token, None)
+                    else:
+                        texts[token] = text
+                self.stored[(route, name)] = (version, texts)
+                return tokens
+        # the version first: a change meanwhile bumps it past the one kept, and is read next time
+        version = (await store.versions(route)).get(name, 0)
+        self.stored[(route, name)] = (version, await store.read_all(route, name))
+        return None
+
+    def _rebuild(self, runtime: Runtime, route: str) -> None:
+        plan = runtime.plans.get(route)
+        if plan is None:
+            return
+        table = self._table(plan)
+        if table:
+            runtime.overrides[route] = table
+        else:
+            runtime.overrides.pop(route, None)
+
+    def _update(self, runtime: Runtime, route: str, name: str, tokens: dict[str, str | None]) -> None:
+        """Apply the changed identities of one rule to `runtime.overrides` in place."""
+        plan = runtime.plans.get(route)
+        index = next((i for i, r in enumerate(plan.rules) if r.name == name), None) if plan else None
+        if plan is None or index is None:
+            return
+        mine = runtime.overrides.setdefault(route, {}).setdefault(index, {})
+        for token, text in tokens.items():
+            found = None if text is None else self._entry(plan, index, text)
+            if found is None:
+                mine.pop(token, None)
+            else:
+                mine[token] = found
+        if not mine:
+            del runtime.overrides[route][index]
+            if not runtime.overrides[route]:
+                del runtime.overrides[route]
+
+    @staticmethod
+    def _entry(plan: RoutePlan, index: int, text: str) -> Entry | None:
+        try:
+            return entry(plan, index, text)
+        except ValueError as exc:
+            log.warning("override of %s/%s ignored: the rule no longer takes %s (%s)",
+                        plan.route.name, plan.rules[index].name, text[:200], exc)
+            return None
+
+    def apply(self, runtime: Runtime) -> None:
+        """Build `runtime.overrides` from the stored texts (at once: on a reload, before it serves)."""
+        tables: dict[str, RouteTable] = {}
+        for plan in runtime.plans.values():
+            table = self._table(plan)
+            if table:
+                tables[plan.route.name] = table
+        runtime.overrides = tables
+        self.built_for = runtime
+
+    def _table(self, plan: RoutePlan) -> RouteTable:
+        table: RouteTable = {}
+        for index, rule in enumerate(plan.rules):
+            have = self.stored.get((plan.route.name, rule.name))
+            if not have or not have[1]:
+                continue
+            shared: dict[str, Entry | None] = {}  # overrides with the same numbers share one Entry
+            mine: dict[str, Entry] = {}
+            for token, text in have[1].items():
+                if text not in shared:
+                    shared[text] = self._entry(plan, index, text)
+                found = shared[text]
+                if found is not None:
+                    mine[token] = found
+            if mine:
+                table[index] = mine
+        return table
+
+
+def overridden(table: RouteTable | None, index: int, token: str) -> Entry | None:
+    """The override of rule `index` for the identity `token`, if any."""
+    if not table:
+        return None
+    mine = table.get(index)
+    return mine.get(token) if mine else None
+
+
+async def keep_in_step(overrides: Overrides, current: Callable[[], Runtime | None],
+                       interval: float = SYNC_INTERVAL) -> None:
+    """Sync `overrides` with Redis every `interval` seconds, for the Runtime `current()` returns."""
+    failing = False
+    while True:
+        await asyncio.sleep(interval)
+        runtime = current()
+        if runtime is None:
+            continue
+        try:
+            await overrides.sync(runtime)
+        except RedisUnavailable as exc:
+            if not failing:
+                log.warning("overrides not synced, Redis unavailable (%s); the last ones read stay in force", exc)
+            failing = True
+        except Exception:  # the loop must outlive any one bad poll
+            log.exception("overrides not synced; the last ones read stay in force")
+        else:
+            failing = False
+
+
+__all__ = ["Entry", "OverrideInvalid", "Overrides", "RouteTable", "Store", "canonical", "check_shards", "entry",
+           "keep_in_step", "overridden", "parse_override"]

@@ -1,0 +1,367 @@
+"""One request's way through the gateway: read -> match -> identity -> memory -> limiter.
+
+`decide()` takes one ASGI request and returns what to do with it: `Admit` (forward it, with these
+rate-limit headers, after this delay) or `Answer` (send this instead). Its three callers share it:
+
+- the proxy endpoint (gateway/endpoint.py) forwards an Admit and sends an Answer;
+- the in-process middleware (gateway/middleware.py) calls the wrapped app for an Admit, and for a
+  request that matched no route;
+- the server protocol, before it enters the application, asks `decide_now()`: the synchronous first
+  half of the same way (read, match, identity, memory), which answers only a refusal held in memory
+  (gateway/refusals.py), so a flood costs no task and no ASGI message.
+
+Nothing here sends, renders bytes or knows which server runs it; outcomes are `RequestOutcome`s,
+which metrics and the access log read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import partial
+from typing import NamedTuple
+
+from starlette.types import Receive, Scope
+
+from gateway import metrics
+from gateway.config import Rule
+from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
+from gateway.http.request import Request, read_request
+from gateway.identity import RequestView, rule_identity
+from gateway.keys import rule_key
+from gateway.leases import Lease, new_token
+from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.overrides import RouteTable, overridden
+from gateway.repeats import Seen, request_key
+from gateway.request_id import usable_request_id
+from gateway.responses import Headers, problem, ratelimit_headers, refusal
+from gateway.runtime import RoutePlan, Runtime
+from gateway.settlement import Settlement
+
+MAX_COST_HEADER = 1_000_000_000
+SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
+
+
+class RequestOutcome(StrEnum):
+    """What became of one request: the `outcome` label of the metrics and the access log."""
+
+    ADMITTED = "admitted"
+    FAILED_OPEN = "failed_open"          # Redis unavailable, forwarded unlimited (failure_mode: open)
+    REFUSED = "refused"                  # by a rule: Redis's decision, or one held in memory (DecidedBy)
+    FAILED_CLOSED = "failed_closed"      # Redis unavailable, refused (failure_mode: closed)
+    BAD_REQUEST = "bad_request"          # the request cannot be served as sent (4xx, 501)
+    CLIENT_GONE = "client_gone"          # the client left before the decision
+    NO_ROUTE = "no_route"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+
+
+class DecidedBy(StrEnum):
+    """Who decided: the `decided_by` label of the metrics and the access log."""
+
+    REDIS = "redis"    # the route's one script call
+    MEMORY = "memory"  # a refusal Redis gave, held in this worker's memory (gateway/refusals.py)
+    NONE = "none"      # no limit was asked: no rule applied, Redis unavailable, or an answer before any
+
+
+@dataclass(slots=True)
+class Limits:
+    """The per-request bounds the pipeline applies (from Settings)."""
+
+    max_head_bytes: int = 64 * 1024
+    body_timeout: float = 30.0  # a body read for a `body` identity may pause this long
+
+
+@dataclass(slots=True)
+class Answer:
+    """Send this instead of forwarding the request."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    outcome: RequestOutcome
+    route: str = ""                 # "" when no route matched
+    rule: str = ""                  # the rule that refused, or whose identity was missing
+    close: bool = False             # the framing is in doubt: end the connection after it
+    request_id: bytes | None = None  # the client's X-Request-Id, when usable
+    decided_by: DecidedBy = DecidedBy.NONE
+    identity: str = ""              # the refusing rule's identity token (GET /limits/{route}/{rule}?key=)
+
+
+@dataclass(slots=True)
+class Admit:
+    """Forward the request (after `delay_ms`, for a leaky_bucket), adding `headers` to its response."""
+
+    request: Request
+    plan: RoutePlan
+    outcome: RequestOutcome          # ADMITTED, or FAILED_OPEN
+    headers: Headers                 # rate-limit headers for the response
+    delay_ms: int
+    body_prefix: bytes | None        # body already read for a `body` identity, to be sent first
+    more_body: bool                  # more of the body is still to come from the client
+    decided_by: DecidedBy = DecidedBy.NONE
+    settlement: Settlement | None = None  # what the answer may still charge or give back
+    lease: Lease | None = None            # concurrency slots held until the request ends
+
+    @property
+    def route(self) -> str:
+        return self.plan.route.name
+
+
+class Matched(NamedTuple):
+    request: Request
+    plan: RoutePlan
+    view: RequestView
+
+
+async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limits) -> Admit | Answer:
+    """The whole way for one request: at most one limiter call (one Redis script call)."""
+    step = _match(runtime, scope, limits)
+    if isinstance(step, Answer):
+        return step
+    request, plan, view = step
+    route = plan.route
+    more_body = request.has_body
+    if plan.needs_body:
+        if more_body:
+            try:
+                view.body_prefix, more_body = await _read_prefix(receive, runtime.config.body_digest_max_bytes,
+                                                                 limits.body_timeout)
+            except TimeoutError:
+                return _answer(problem(408, "the request body stopped arriving", route=route.name),
+                               RequestOutcome.BAD_REQUEST, request, route=route.name, close=True)
+            if view.body_prefix is None:
+                return _answer((499, [], b""), RequestOutcome.CLIENT_GONE, request, route=route.name)
+            view.body_more = more_body
+        else:
+            view.body_prefix = b""
+    try:
+        identified = identify(plan, view, runtime.overrides.get(route.name))
+    except IdentityMissing as exc:
+        return _answer(problem(400, str(exc), route=route.name, rule=exc.rule), RequestOutcome.BAD_REQUEST,
+                       request, route=route.name, rule=exc.rule)
+    except BadRequest as exc:
+        return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
+                       route=route.name)
+    rules, keys, costs, args, shard = identified
+    if not rules:
+        return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
+    token = new_token() if plan.holds_slots else b""
+    try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
+        decision, from_memory = await runtime.refusals.decide(
+            rules, keys, costs, partial(runtime.limiter.decide, args, keys, costs, lease=token))
+    except RedisUnavailable as exc:
+        metrics.REDIS_ERRORS.labels(exc.kind).inc()
+        if route.failure_mode == "closed":
+            status, headers, body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
+            headers.append((b"retry-after", b"1"))
+            return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
+        return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
+    if from_memory:
+        _count_held(plan, rules, decision)
+        return _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
+    _count_rules(route.name, rules, decision)
+    if not decision.admitted:
+        return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
+    headers = ratelimit_headers(route.headers, rules, decision)
+    settlement = None
+    if plan.settles:
+        settlement = Settlement(plan, shard, keys, costs, decision, runtime.redis.timeout + SETTLE_MARGIN)
+        if args is not plan.shard_args[shard]:  # overridden for this identity (gateway/overrides.py)
+            settlement.settle_args = tuple(spec.settling() for spec in args)
+    lease = _lease(plan, keys, costs, args, token) if token else None
+    return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
+                 DecidedBy.REDIS, settlement, lease)
+
+
+def _lease(plan: RoutePlan, keys: list[str], costs: list[int | None], args: tuple[RuleSpec, ...],
+           token: bytes) -> Lease | None:
+    """The slots an admitted request took in its route's concurrency rules."""
+    held = [i for i, (rule, cost) in enumerate(zip(plan.rules, costs, strict=True))
+            if rule.algorithm == "concurrency" and cost]
+    if not held:
+        return None
+    return Lease(token, plan.route.name, [plan.rules[i].name for i in held], [keys[i] for i in held],
+                 [costs[i] or 0 for i in held], [args[i].p2 for i in held])
+
+
+def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
+    """The refusal held in memory for this request, without waiting for anything; None: `decide()`
+    must take it the whole way. A request seen before byte for byte is not read again
+    (gateway/repeats.py)."""
+    if not runtime.refusals:
+        return None  # nothing held: the common case
+    key = request_key(scope)
+    seen = runtime.repeats.get(key)
+    if seen is not None:
+        plan = runtime.plans[seen.route.name]
+        decision = _held_decision(runtime, plan, seen.rules, seen.keys, seen.costs)
+        if decision is None:
+            return None  # no longer held: the whole way (the app reads the request itself)
+        rendered = seen.rendered
+        if rendered is None or rendered[0] != decision:  # the same decision is the same answer
+            answer = _refused(plan, seen.rules, seen.keys, decision, DecidedBy.MEMORY, seen.request_id)
+            rendered = seen.rendered = decision, answer
+        return rendered[1]
+    step = _match(runtime, scope, limits)
+    if isinstance(step, Answer):
+        return None  # the whole way answers it, counted there
+    request, plan, view = step
+    if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
+        return None
+    try:
+        rules, keys, costs, _, _ = identify(plan, view, runtime.overrides.get(plan.route.name))
+    except (IdentityMissing, BadRequest):
+        return None
+    decision = _held_decision(runtime, plan, rules, keys, costs)
+    if decision is None:
+        return None
+    answer = _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
+    if plan.repeatable:
+        seen = Seen(plan.route, rules, keys, costs, answer.request_id)
+        seen.rendered = decision, answer
+        runtime.repeats.put(key, seen)
+    return answer
+
+
+def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
+    try:
+        request = read_request(scope, limits.max_head_bytes)
+    except BadRequest as exc:
+        return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
+    view = RequestView(request, {}, runtime.config, runtime.jwt)
+    router = runtime.router
+    found = router.match(request.method, request.hostname, request.path, view.meets if router.conditional else None)
+    if found is None:
+        allowed = runtime.router.allowed_methods(request.hostname, request.path)
+        if allowed:  # a route owns this path under other methods: a catch-all may not take it
+            methods = ", ".join(sorted(allowed))
+            status, headers, body = problem(
+                405, f"{request.method} is not allowed on {request.path[:200]}; use {methods}")
+            headers.append((b"allow", methods.encode()))
+            return _answer((status, headers, body), RequestOutcome.METHOD_NOT_ALLOWED, request)
+        return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
+                       RequestOutcome.NO_ROUTE, request)
+    route, view.params = found
+    if request.upgrade and not route.websocket:
+        detail = f"route '{route.name}' does not take WebSocket (websocket: true)"
+        return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,
+                       route=route.name, close=True)
+    return Matched(request, runtime.plans[route.name], view)
+
+
+def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, request: Request | None,
+            route: str = "", rule: str = "", close: bool = False) -> Answer:
+    status, headers, body = response
+    request_id = usable_request_id(request.request_id) if request is not None else None
+    return Answer(status, headers, body, outcome, route, rule, close, request_id)
+
+
+def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], decision: Decision, decided_by: DecidedBy,
+             request_id: bytes | None) -> Answer:
+    by = decision.refused_by
+    assert by is not None
+    rule = rules[by]
+    status, headers, body = refusal(plan.route, rules, decision)
+    key = keys[next(i for i, r in enumerate(plan.rules) if r.name == rule.name)]  # rule: maybe overridden
+    return Answer(status, headers, body, RequestOutcome.REFUSED, plan.route.name, rule.name, False,
+                  usable_request_id(request_id), decided_by, identity_of(key))
+
+
+class Identified(NamedTuple):
+    rules: list[Rule]             # the rules this request has identities for
+    keys: list[str]               # one per rule of the route ...
+    costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
+    args: tuple[RuleSpec, ...]    # the specs of the request's shard
+    shard: int
+
+
+def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = None) -> Identified:
+    """The request's rules, keys and costs, each rule as overridden for its identity where it is
+    (gateway/overrides.py). Raises IdentityMissing or BadRequest."""
+    rules: list[Rule] = []
+    keys: list[str] = []
+    costs: list[int | None] = []
+    args, prefix_keys, shard = plan.args, plan.prefix_keys, 0
+    for i, rule in enumerate(plan.rules):
+        parts = rule_identity(rule, view)
+        if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
+            shard = plan.shard_of(parts)
+            args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
+        if parts is None:
+            keys.append(prefix_keys[i])
+            costs.append(None)
+            continue
+        key = rule_key(prefix_keys[i], parts)
+        if overrides and (found := overridden(overrides, i, key[len(prefix_keys[i]):])) is not None:
+            if found.rule is None:  # unlimited: the rule sits out for this identity
+                keys.append(prefix_keys[i])
+                costs.append(None)
+                continue
+            args = (*args[:i], found.specs[shard], *args[i + 1:])
+            rule = found.rule
+        rules.append(rule)
+        keys.append(key)
+        costs.append(_cost(rule, view))
+    return Identified(rules, keys, costs, args, shard)
+
+
+def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: list[str],
+                   costs: list[int | None]) -> Decision | None:
+    """The refusal held for these keys and costs, counted; None if none holds."""
+    decision = runtime.refusals.answer(keys, costs) if rules else None
+    if decision is None or decision.refused_by is None:
+        return None
+    _count_held(plan, rules, decision)
+    return decision
+
+
+def _count_held(plan: RoutePlan, rules: list[Rule], decision: Decision) -> None:
+    assert decision.refused_by is not None
+    metrics.rule_decisions(plan.route.name, rules[decision.refused_by].name, "refused", "memory").inc()
+
+
+def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
+    for rule, state in zip(rules, decision.rules, strict=True):
+        if state.outcome is Outcome.SHADOW_REFUSES:
+            metrics.rule_decisions(route, rule.name, "shadow_refused", "redis").inc()
+        elif state.outcome is not Outcome.ADMITS:
+            metrics.rule_decisions(route, rule.name, "refused", "redis").inc()
+        elif decision.admitted:
+            metrics.rule_decisions(route, rule.name, "admitted", "redis").inc()
+
+
+def identity_of(key: str) -> str:
+    """A rule key's identity token: its last segment, as `keys.identity_token` wrote it."""
+    return key.split("}:", 1)[1].split(":", 1)[1]
+
+
+async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[bytes | None, bool]:
+    """Read more than `limit` bytes of the body, or all of it (whole messages); None if the client
+    went away. Raises TimeoutError when the body pauses longer than `timeout`."""
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more and size <= limit:
+        message = await asyncio.wait_for(receive(), timeout)
+        if message["type"] == "http.disconnect":
+            return None, False
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), more
+
+
+def _cost(rule: Rule, view: RequestView) -> int:
+    header = rule.cost_header
+    if header is None:
+        return rule.cost
+    raw = view.header(header.lower().encode())
+    if raw is None:
+        return rule.cost
+    text = raw.strip()
+    if not text.isdigit() or len(text) > 10 or not 0 < int(text) <= MAX_COST_HEADER:
+        raise BadRequest(f"header {header} must be a whole number from 1 to {MAX_COST_HEADER}")
+    return int(text)
+

@@ -1,0 +1,80 @@
+"""`make run`: the example backend and `gateway serve` in front of it, stopped together.
+
+make execs this script as its recipe's only process. SIGTERM, SIGINT or SIGHUP, to this script or
+to the process group (a terminal's Ctrl-C), stops the gateway gracefully and then the backend.
+GNU make forwards SIGTERM to its recipe but not SIGINT (it waits for the recipe, counting on the
+terminal's process group): a SIGINT sent to make's own pid is seen here because make, handling it,
+blocks that signal, and /proc shows make's blocked set. If make dies outright, the kernel's
+parent-death signal stops this script, and this script's own children go with it the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from gateway.parent_death import die_with_parent, dying_with_this_process
+
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def make_is_stopping(pid: int) -> bool:
+    """Is `pid` a make inside its handler of a fatal signal (the signal is blocked there)?"""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # gone
+    if comm not in ("make", "gmake"):
+        return False
+    blocked = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigBlk:"))
+    return any(blocked & (1 << (sig - 1)) for sig in STOPS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="routes.yaml")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--admin-port", type=int, default=9090)
+    parser.add_argument("--backend-port", type=int, default=9000)
+    args = parser.parse_args(argv)
+
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM, parent)
+    stop_requested: list[int] = []
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        stop_requested.append(signum)
+
+    for sig in STOPS:
+        signal.signal(sig, on_stop)
+    with_us = dying_with_this_process(signal.SIGTERM)
+    backend = subprocess.Popen([sys.executable, "-m", "gateway.example_backend", "--port", str(args.backend_port)],
+                               preexec_fn=with_us)
+    env = dict(os.environ, SHOP_URL=f"http://127.0.0.1:{args.backend_port}")
+    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", args.config,
+                                "--port", str(args.port), "--admin-port", str(args.admin_port)],
+                               env=env, preexec_fn=with_us)
+    try:
+        while gateway.poll() is None and not stop_requested and not make_is_stopping(parent):
+            time.sleep(0.2)
+        if gateway.poll() is None:
+            gateway.send_signal(signal.SIGTERM)  # drains, stops the embedded Redis, exits 0
+        code = gateway.wait()
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+        backend.terminate()
+        backend.wait()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Origin servers on different HTTP parsers and frameworks, for the differential test: each
+answers with what its application reads of a request, through the framework's own accessors.
+
+    python -m tests.conformance.origins h11 PORT        # uvicorn + h11, Starlette
+    python -m tests.conformance.origins httptools PORT  # uvicorn + httptools (llhttp), Starlette
+    python -m tests.conformance.origins aiohttp PORT    # aiohttp's own server and parser
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+
+def _read(user: str | None, query_id: str | None, sid: str | None, host: str | None, body: bytes) -> dict[str, Any]:
+    return {"user": user, "id": query_id, "sid": sid, "host": host, "body": body.hex()}
+
+
+async def starlette_echo(request: Request) -> JSONResponse:
+    body = await request.body()
+    return JSONResponse(_read(request.headers.get("x-user-id"), request.query_params.get("id"),
+                              request.cookies.get("sid"), request.headers.get("x-forwarded-host"), body))
+
+
+starlette_app = Starlette(routes=[Route("/{rest:path}", starlette_echo, methods=["GET", "POST"])])
+
+
+def run_aiohttp(port: int) -> None:
+    from aiohttp import web
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response(_read(request.headers.get("X-User-Id"), request.query.get("id"),
+                                       request.cookies.get("sid"), request.headers.get("X-Forwarded-Host"), body))
+
+    app = web.Application()
+    app.router.add_route("*", "/{rest:.*}", echo)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def main(kind: str, port: int) -> None:
+    if kind == "aiohttp":
+        run_aiohttp(port)
+        return
+    import uvicorn
+
+    uvicorn.run(starlette_app, host="127.0.0.1", port=port, http=kind, log_level="warning", lifespan="off")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

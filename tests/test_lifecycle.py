@@ -1,0 +1,179 @@
+"""Nothing outlives the main process (issue 23): a `gateway serve` killed by any signal, SIGKILL
+included, takes its workers and its embedded redis-server with it, and the ports are free again for
+the next start; `make run` stops on a signal sent to make's own pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.ports import free_port
+from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ROUTES = """
+version: 1
+upstreams: {{up: {{url: "{upstream}", timeout: 30s}}}}
+routes:
+  - name: all
+    match: {{path: "/{{rest:path}}"}}
+    upstream: up
+    limits: [{{name: g, by: [], algorithm: gcra, rate: 1000/s, burst: 1000}}]
+"""
+
+
+def children(pid: int) -> dict[int, bytes]:
+    """The live processes whose parent is `pid`, with their command lines."""
+    found: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found[int(entry.name)] = cmdline
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet (its sockets are closed)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+def bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the gateway binds
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:
+            return False
+    return True
+
+
+def connections_to(port: int) -> int:
+    """Established TCP connections to `port` on this machine (IPv4, /proc/net/tcp)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[2].split(":")[1], 16) == port and fields[3] == "01":
+            count += 1
+    return count
+
+
+def get_quietly(url: str) -> None:
+    with contextlib.suppress(httpx.HTTPError):  # cut when its worker stops: what the test is about
+        httpx.get(url, timeout=30)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_supervisor_killed_with_sigkill_leaves_nothing_behind(workers: int, tmp_path: Path,
+                                                                upstream: Upstream) -> None:
+    gateway = GatewayProcess(ROUTES.format(upstream=upstream.url), tmp_path, workers=workers)  # embedded Redis
+    gateway.start()
+    assert gateway.process is not None
+    supervisor = gateway.process.pid
+    left: list[int] = []
+    try:
+        wait_until(lambda: len(gateway.worker_pids()) == workers, timeout=10)
+        left = gateway.worker_pids() + [pid for pid, cmd in children(supervisor).items() if b"redis-server" in cmd]
+        assert len(left) == workers + 1, children(supervisor)
+        # a request still in flight when the supervisor dies does not hold its worker past the bound
+        slow = threading.Thread(target=get_quietly, args=(gateway.url + "/slow?delay=5",))
+        slow.start()
+        wait_until(lambda: connections_to(upstream.port) > 0, timeout=5)  # forwarded, waiting upstream
+
+        os.kill(supervisor, signal.SIGKILL)
+        gateway.process.wait()
+        try:
+            wait_until(lambda: all(gone(pid) for pid in left), timeout=2)
+        except TimeoutError:
+            pytest.fail(f"still running 2 s after the supervisor's SIGKILL: {[p for p in left if not gone(p)]}")
+        assert bindable(gateway.port) and bindable(gateway.admin_port), "the next start can listen"
+        slow.join(30)
+    finally:
+        for pid in left:  # never leave one running, whatever failed
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        gateway.stop()
+
+
+def test_a_child_whose_parent_died_before_it_asked_exits_at_once() -> None:
+    """The race the parent-death signal leaves open: a parent gone before the prctl sends nothing."""
+    code = ("import os, signal, sys\nfrom gateway.parent_death import die_with_parent\n"
+            "die_with_parent(signal.SIGTERM, int(sys.argv[1]))\nprint('waiting for a signal')")
+    mine = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert mine.returncode == 0 and mine.stdout == "waiting for a signal\n", mine.stderr
+    other = subprocess.run([sys.executable, "-c", code, str(os.getppid())], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT)
+    assert other.returncode == 1 and other.stdout == "", "started by another pid than it expects: gone"
+
+
+def in_session(sid: int) -> list[int]:
+    """Live processes of session `sid` (fields after the command name: state, ppid, pgrp, session)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_path: Path) -> None:
+    venv = Path(sys.executable).parent.parent
+    port, admin, backend = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
+    env["TMPDIR"] = str(tmp_path)
+    log = (tmp_path / "make.log").open("wb")
+    # -o: the venv under test is used as it is, never reinstalled; a session of its own, so the
+    # signal reaches make alone, as from a script or an IDE's stop button
+    make = subprocess.Popen(["make", "--no-print-directory", "run", "-o", f"{venv}/.installed-run", f"VENV={venv}",
+                             f"RUN_ARGS=--port {port} --admin-port {admin} --backend-port {backend}"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def serving() -> bool:
+            assert make.poll() is None, (tmp_path / "make.log").read_text()
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/products", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(serving, timeout=60, interval=0.2)
+        assert len(in_session(make.pid)) >= 5, "make, the script, the backend, the gateway and its worker"
+        make.send_signal(sig)
+        make.wait(timeout=60)
+        assert make.returncode == -sig, (tmp_path / "make.log").read_text()
+        wait_until(lambda: in_session(make.pid) == [], timeout=10)
+        assert all(bindable(p) for p in (port, admin, backend))
+        assert "Traceback" not in (tmp_path / "make.log").read_text()
+    finally:
+        if make.poll() is None or in_session(make.pid):
+            os.killpg(make.pid, signal.SIGKILL)
+            make.wait()
+        log.close()
