@@ -135,6 +135,17 @@ class RateLimitMiddleware:
             elif result.outcome is not RequestOutcome.CLIENT_GONE:
                 await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
             return
+        lease, leases = result.lease, runtime.leases
+        if lease is not None and leases is not None:
+            leases.hold(lease)  # its concurrency slots while the socket is open, given back when it closes
+        try:
+            await self._websocket_app(runtime, result, scope, receive, send)
+        finally:
+            if lease is not None and leases is not None:
+                leases.release(lease)
+
+    async def _websocket_app(self, runtime: Runtime, result: Admit, scope: Scope, receive: Receive,
+                             send: Send) -> None:
         if result.delay_ms > 0:
             await asyncio.sleep(result.delay_ms / 1000)
         if result.headers:

@@ -3,6 +3,8 @@ refunds of a flash sale's stock when the order failed; against a real gateway, R
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,3 +135,31 @@ def test_the_upstream_declares_the_cost_and_the_client_never_sees_it(gateway: Ga
             assert client.get("/tokens", params={"n": "30"}).status_code == 200
         wait_until(lambda: client.get("/tokens", params={"n": "1"}).status_code == 429, timeout=5)
         assert client.get("/tokens", headers={"X-User": "dave"}, params={"n": "1"}).status_code == 200
+
+
+def test_a_charge_redis_cannot_take_is_counted_and_named(tmp_path: Path) -> None:
+    own = RedisProcess()
+    own.start()
+    upstream = Upstream()
+    upstream.start()
+    text = CONFIG.format(prefix=f"a{uuid.uuid4().hex[:8]}", upstream=upstream.url, dead=free_port())
+    gateway = GatewayProcess(text, tmp_path, redis_url=own.url)
+    gateway.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            failing = pool.submit(httpx.post, gateway.url + "/signin", params={"delay": "0.5"},
+                                  headers={"X-User": "gus", "X-Password": "wrong"}, timeout=10)
+            time.sleep(0.2)  # admitted (checked) by now; the answer comes at 0.5 s
+            assert own.process is not None
+            own.process.send_signal(signal.SIGSTOP)
+            try:
+                assert failing.result().status_code == 401  # the answer never waits for the charge
+                wait_until(lambda: 'gateway_settle_failures_total{kind="charge",route="login",rule="failures"} 1.0'
+                           in httpx.get(gateway.admin_url + "/metrics").text, timeout=5)
+            finally:
+                own.process.send_signal(signal.SIGCONT)
+    finally:
+        assert gateway.stop() == 0
+        upstream.stop()
+        own.stop()
+    assert "route login rule failures lost a charge of 1 after the answer" in gateway.log()

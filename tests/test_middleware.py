@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,10 @@ routes:
     match: {{path: "/closed"}}
     failure_mode: closed
     limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
+  - name: capped
+    match: {{path: "/chat/capped-{{room}}"}}
+    limits:
+      - {{name: open, by: ["path:room"], algorithm: concurrency, limit: 1}}
   - name: chat
     match: {{path: "/chat/{{room}}"}}
     limits:
@@ -227,5 +232,31 @@ def test_a_refused_websocket_is_closed_with_1008_where_the_server_cannot_answer_
         assert closed.value.rcvd is not None
         assert closed.value.rcvd.code == 1008
         assert "rate limit 'room' of route 'chat' exceeded" in closed.value.rcvd.reason
+    finally:
+        assert "Traceback" not in app.stop()
+
+
+def test_a_websocket_holds_its_concurrency_slot_until_it_closes(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    app = Served("starlette_app", tmp_path, redis_proc.url)
+    try:
+        url = f"ws://127.0.0.1:{app.port}/chat/capped-{uuid.uuid4().hex}"
+        with connect(url) as ws:
+            ws.send("hello")
+            assert ws.recv() == "hello"
+            with pytest.raises(InvalidStatus) as refused:  # the one slot is held while the socket is open
+                connect(url)
+            assert refused.value.response.status_code == 429
+            assert json.loads(refused.value.response.body)["rule"] == "open"
+        for _ in range(3):  # closed: given back, every time
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    with connect(url) as again:
+                        again.send("back")
+                        assert again.recv() == "back"
+                    break
+                except InvalidStatus:
+                    assert time.monotonic() < deadline, "the slot never came back"
+                    time.sleep(0.05)
     finally:
         assert "Traceback" not in app.stop()

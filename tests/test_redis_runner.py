@@ -179,9 +179,12 @@ def test_every_url_gets_connections_that_pack_with_hiredis(url: str, db: int) ->
     assert packed == [b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"]
 
 
-def test_decisions_of_many_ticks_go_over_one_connection_in_growing_batches(redis_proc: RedisProcess) -> None:
+def test_decisions_of_many_ticks_go_over_one_connection_in_growing_batches() -> None:
     """One server: every decision of a worker goes over one connection, whatever the load; calls
-    that come while a batch is on the wire ride together in the next one."""
+    that come while a batch is on the wire ride together in the next one. (A server of its own: the
+    session's has other tests' clients on it.)"""
+    redis_proc = RedisProcess()
+    redis_proc.start()
     key = _key()
 
     async def main() -> tuple[int, int]:
@@ -209,7 +212,10 @@ def test_decisions_of_many_ticks_go_over_one_connection_in_growing_batches(redis
         await limiter.close()
         return len(deciding), max(sizes)
 
-    connections, biggest = asyncio.run(main())
-    assert connections == 1
-    assert biggest > 1  # under load the calls of many ticks were batched
-    assert redis_proc.client().get(key) == b"1001"
+    try:
+        connections, biggest = asyncio.run(main())
+        assert connections == 1
+        assert biggest > 1  # under load the calls of many ticks were batched
+        assert redis_proc.client().get(key) == b"1001"
+    finally:
+        redis_proc.stop()
