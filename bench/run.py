@@ -443,7 +443,8 @@ def start_contender(name: str, procs: Processes, tmp: Path, upstream_port: int, 
         launcher = [sys.executable, "-m", "tests.support.comparison_gateway", *COMPARISONS[name]]
     args = [*launcher, "serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
             "--admin-port", str(admin_port), "--workers", str(workers), "--redis-url", redis_url]
-    env = dict(os.environ, GATEWAY_LOG_LEVEL="warning", GATEWAY_DRAIN_TIMEOUT="2", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, GATEWAY_LOG_LEVEL="warning", GATEWAY_DRAIN_TIMEOUT="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
     process = procs.start(name, args, env=env, cwd=tmp)
     admin = f"http://127.0.0.1:{admin_port}"
     wait_for(lambda: http_get(admin + "/readyz")[0] == 200, "/readyz 200", process, procs, name)

@@ -28,7 +28,7 @@ class Accounting:
         outcome, decided_by = result.outcome, result.decided_by
         rule, identity = (result.rule, result.identity) if isinstance(result, Answer) else ("", "")
         if route:
-            metrics.requests(route, outcome, decided_by).inc()
+            metrics.requests(route, str(outcome), str(decided_by)).inc()  # plain strs: an Enum hashes in Python
             metrics.responses(route, str(status)).inc()
             if outcome is RequestOutcome.REFUSED:
                 self.top.record(route, rule, identity)

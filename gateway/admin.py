@@ -57,7 +57,7 @@ from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 
 if TYPE_CHECKING:
-    from gateway.runtime import Runtime
+    from gateway.runtime import RoutePlan, Runtime
     from gateway.settings import Settings
     from gateway.top import TopRefused
 
@@ -240,13 +240,11 @@ def admin_app(control: AdminControl) -> Starlette:
 
     async def one_key(request: Request) -> Response:
         runtime = _runtime(control)
-        route_name, rule_name = request.path_params["route"], request.path_params["rule"]
-        plan = runtime.plans.get(route_name)
-        if plan is None:
-            return problem_response(404, f"no route {route_name[:100]!r}")
-        index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
-        if index is None:
-            return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+        named = _route_rule(runtime, request)
+        if isinstance(named, Response):
+            return named
+        plan, index = named
+        route_name, rule_name = plan.route.name, plan.rules[index].name
         if request.method == "DELETE":
             refused = write_refusal(control, request)
             if refused is not None:
@@ -373,20 +371,18 @@ def admin_app(control: AdminControl) -> Starlette:
 
     async def one_override(request: Request) -> Response:
         runtime = _runtime(control)
-        route_name, rule_name = request.path_params["route"], request.path_params["rule"]
-        plan = runtime.plans.get(route_name)
-        if plan is None:
-            return problem_response(404, f"no route {route_name[:100]!r}")
-        index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
-        if index is None:
-            return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+        named = _route_rule(runtime, request)
+        if isinstance(named, Response):
+            return named
+        plan, index = named
+        route_name, rule_name = plan.route.name, plan.rules[index].name
         if request.method in ("PUT", "DELETE"):
             refused = write_refusal(control, request)
             if refused is not None:
                 return refused
         rule = plan.rules[index]
         store = Store(runtime.limiter, runtime.redis.key_prefix)
-        where = {"route": route_name, "rule": rule_name}
+        where: dict[str, Any] = {"route": route_name, "rule": rule_name}
         if request.method == "GET" and "key" not in request.query_params:
             return await _override_page(store, where, request)
         token = _override_token(request, rule)
@@ -502,6 +498,18 @@ async def _each(items: Sequence[A], call: Callable[[A], Awaitable[T]]) -> list[T
     for start in range(0, len(items), SHARD_CALLS):
         out.extend(await asyncio.gather(*(call(item) for item in items[start:start + SHARD_CALLS])))
     return out
+
+
+def _route_rule(runtime: Runtime, request: Request) -> tuple[RoutePlan, int] | Response:
+    """The route and the index of the rule a `/{route}/{rule}` path names, or its 404."""
+    route_name, rule_name = request.path_params["route"], request.path_params["rule"]
+    plan = runtime.plans.get(route_name)
+    if plan is None:
+        return problem_response(404, f"no route {route_name[:100]!r}")
+    index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
+    if index is None:
+        return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+    return plan, index
 
 
 def _runtime(control: AdminControl) -> Runtime:

@@ -54,8 +54,12 @@ class ProxyEndpoint:
                 if lease is not None and leases is not None:
                     leases.hold(lease)  # its slots while it is in flight (a tunnel too), given back however it ends
                 try:
-                    status = await _forward(result, receive, send, request_id, self.limits.body_timeout, runtime,
-                                            scope)
+                    if result.settlement is None and not result.request.upgrade:  # the common case, directly
+                        status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout,
+                                                      None)
+                    else:
+                        status = await _forward(result, receive, send, request_id, self.limits.body_timeout,
+                                                runtime, scope)
                 finally:
                     if lease is not None and leases is not None:
                         leases.release(lease)

@@ -484,19 +484,22 @@ class LeanTransport(httpx.AsyncBaseTransport):
         method = request.method.encode("ascii")
         raw_headers = request.headers.raw
         length = -1
-        chunked = False
-        for name, value in raw_headers:
+        chunked = upgrade = connection_upgrade = False
+        for name, value in raw_headers:  # one pass over the fields, not httpx's lookups
             lowered = name.lower()
             if lowered == b"content-length":
                 length = int(value)
             elif lowered == b"transfer-encoding":
                 chunked = True
+            elif lowered == b"upgrade":
+                upgrade = True
+            elif lowered == b"connection":
+                connection_upgrade = b"upgrade" in value.lower()
         has_body = chunked or length > 0
         target = request.extensions.get("target") or request.url.raw_path  # as httpcore reads it
         head = _request_head(method, target, raw_headers)
         head_only = method == b"HEAD"
-        upgrading = request.headers.get("upgrade") is not None and "upgrade" in request.headers.get(
-            "connection", "").lower()
+        upgrading = upgrade and connection_upgrade
         timeout = _read_timeout(request, self.upstream.timeout)
         while True:
             conn = pool.take_idle() or await pool.connect()
