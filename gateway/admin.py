@@ -250,10 +250,8 @@ def admin_app(control: AdminControl) -> Starlette:
             if refused is not None:
                 return refused
         rule = plan.rules[index]
-        values = [v.encode() for v in request.query_params.getlist("key")]
-        if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
-            values = values[0].split(b":")  # a readable token of several parts, as the access log names it
-        if len(values) == 1 and _TOKEN.match(values[0]) and rule.by and plan.shards == 1:
+        values = _key_values(request, rule)
+        if _is_token(values, rule) and plan.shards == 1:
             token = values[0].decode()  # an identity token, as the access log and GET /top name it
         elif len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
@@ -453,13 +451,25 @@ MAX_OVERRIDE_BODY = 4096  # bytes
 PAGE_LIMIT = 1000  # overrides listed at most per page
 
 
+def _key_values(request: Request, rule: Rule) -> list[bytes]:
+    """`key=` as given: one value per identity source, or one identity token (a readable token of
+    several parts, as the access log names it, split into its parts)."""
+    values = [v.encode() for v in request.query_params.getlist("key")]
+    if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
+        return values[0].split(b":")
+    return values
+
+
+def _is_token(values: list[bytes], rule: Rule) -> bool:
+    """Whether `key=` is an identity token in its digest form, as the access log and /top name it."""
+    return len(values) == 1 and bool(rule.by) and _TOKEN.match(values[0]) is not None
+
+
 def _override_token(request: Request, rule: Rule) -> str | None:
     """The identity token `key=` names for `rule` (its values, one per source, or an identity
     token as the access log and /top name it); None if it names none."""
-    values = [v.encode() for v in request.query_params.getlist("key")]
-    if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
-        values = values[0].split(b":")  # a readable token of several parts
-    if len(values) == 1 and _TOKEN.match(values[0]) and rule.by:
+    values = _key_values(request, rule)
+    if _is_token(values, rule):
         return values[0].decode()
     if not rule.by and values in ([], [b""]):
         return identity_token([])

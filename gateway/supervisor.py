@@ -243,13 +243,19 @@ def _supervisor_gone(signum: int, frame: FrameType | None) -> None:
 def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
     """One worker: the gateway's application on its own HTTP protocol and upstream transport."""
     from gateway.app import compose
-    from gateway.http.server import ServerConfig, ServerOptions
 
     configure_logging(settings.log_level)
     composed = compose(settings, config)
+    run_worker(settings, sockets, composed, server_config(settings, composed))
+
+
+def server_config(settings: Settings, composed: Composed) -> uvicorn.Config:
+    """uvicorn's config serving `composed` on the gateway's own protocol, its hooks and bounds given."""
+    from gateway.http.server import ServerConfig, ServerOptions
+
     options = ServerOptions(max_header_bytes=settings.max_head_bytes, header_timeout=settings.header_timeout,
                             early_answer=composed.endpoint.answer_early)
-    run_worker(settings, sockets, composed, ServerConfig(composed.app, options, **uvicorn_options(settings)))
+    return ServerConfig(composed.app, options, **uvicorn_options(settings))
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -198,7 +198,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
     if lengths:
         if len(set(lengths)) > 1:
             raise BadRequest("the request carries differing Content-Length values")
-        text = lengths[0].strip()
+        text = lengths[0]  # trimmed with every field value
         if not text.isdigit() or len(text) > 18:
             raise BadRequest("Content-Length is not a number")
         content_length = int(text)
@@ -232,7 +232,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_
         peer=client[0] if client else "0.0.0.0",
         scheme=scheme,
         host=host,
-        forwarded_for=b", ".join(v.strip() for v in forwarded) if forwarded else None,
+        forwarded_for=b", ".join(forwarded) if forwarded else None,
         content_length=content_length,
         chunked=chunked,
         headers=headers,

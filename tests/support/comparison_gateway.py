@@ -20,9 +20,9 @@ import uvicorn
 from gateway import cli
 from gateway.app import compose
 from gateway.config import Config
-from gateway.http.server import ServerConfig, ServerOptions
 from gateway.settings import Settings
 from gateway.supervisor import WorkerMain, configure_logging, run_worker, uvicorn_options
+from gateway.supervisor import server_config as gateway_server_config
 
 
 def _worker(settings: Settings, sockets: list[socket.socket], config: Config, http: str, transport: str) -> None:
@@ -31,9 +31,7 @@ def _worker(settings: Settings, sockets: list[socket.socket], config: Config, ht
     if http == "uvicorn":
         server_config = uvicorn.Config(composed.app, http="httptools", **uvicorn_options(settings))
     else:
-        options = ServerOptions(max_header_bytes=settings.max_head_bytes, header_timeout=settings.header_timeout,
-                                early_answer=composed.endpoint.answer_early)
-        server_config = ServerConfig(composed.app, options, **uvicorn_options(settings))
+        server_config = gateway_server_config(settings, composed)
     run_worker(settings, sockets, composed, server_config)
 
 

@@ -135,7 +135,9 @@ def make_app() -> web.Application:
 
 
 class Upstream:
-    """Runs this module in a subprocess on a free port."""
+    """Runs this module (or a subclass's `module`) in a subprocess on a free port."""
+
+    module = "tests.support.upstream"
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -147,7 +149,7 @@ class Upstream:
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.upstream", "--port", str(self.port)],
+            [sys.executable, "-m", self.module, "--port", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         from tests.support.waiting import wait_for_port

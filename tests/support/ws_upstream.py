@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http
-import subprocess
-import sys
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
-from tests.support.ports import free_port
+from tests.support.upstream import Upstream
 
 HANDSHAKES = 0
 MiB = 1 << 20
@@ -58,34 +56,15 @@ async def run(port: int) -> None:
         await server.serve_forever()
 
 
-class WsUpstream:
+class WsUpstream(Upstream):
     """Runs this module in a subprocess on a free port."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.support.ws_upstream", "--port", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from tests.support.waiting import wait_for_port
-
-        wait_for_port(self.port, self.process)
+    module = "tests.support.ws_upstream"
 
     def handshakes(self) -> int:
         import httpx
 
         return int(httpx.get(f"{self.url}/handshakes", timeout=5).text)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
 
 
 def main() -> None:
