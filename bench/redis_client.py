@@ -8,6 +8,7 @@ lone decision (1 in flight) and decisions under load (50 in flight).
     .venv/bin/python bench/redis_client.py --loop asyncio --decisions 50000
     .venv/bin/python bench/redis_client.py --cluster            # a 3-primary Redis Cluster instead
     .venv/bin/python bench/redis_client.py --seam               # the installed redis-py's ways to call
+    .venv/bin/python bench/redis_client.py --instructions --modes batched,limiter   # counts, callgrind
 
 Each mode runs `--decisions` 3-rule decisions (bench/engine.py's route: token_bucket per user,
 sliding_window and quota per item) with `--in-flight` of them in flight all the time, against a
@@ -36,10 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -83,7 +85,8 @@ async def drive(call: Callable[[int], Awaitable[Any]], count: int, in_flight: in
     await asyncio.gather(*[worker() for _ in range(in_flight)])
 
 
-async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int, rounds: int) -> list[float]:
+async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int, rounds: int,
+                  warmup: int = 5000) -> list[float]:
     specs = [rule_spec(r) for r in ROUTE]
     script = decision_script(tuple(specs)).script
     keys = [route_keys(i, USERS) for i in range(count)]
@@ -117,7 +120,7 @@ async def measure(url: str, cluster: bool, mode: str, count: int, in_flight: int
             return limiter.decide(specs, keys[i], costs)
 
         close = limiter.close
-    await drive(call, min(count, 5000), in_flight)  # connect, load the script, warm up
+    await drive(call, min(count, warmup), in_flight)  # connect, load the script, warm up
     out = []
     for _ in range(rounds):
         started = time.process_time()
@@ -173,6 +176,40 @@ async def seam(url: str, count: int) -> dict[str, float]:
     return out
 
 
+def run_loop(coro: Coroutine[Any, Any, list[float]], loop: str) -> list[float]:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def instructions(url: str, modes: list[str], in_flights: list[int], small: int, loop: str) -> None:
+    """Client instructions per decision (user space, callgrind): this script run again under
+    valgrind with `small` and 6 x `small` decisions, the difference divided by the difference.
+    Counts, not seconds: the same on a quiet or a busy machine, where the lone call's time is
+    mostly the VM waking a process on the other core."""
+    import subprocess
+    import tempfile
+
+    print(f"| client instructions per decision (one server, {loop}, callgrind) | in flight | instructions |")
+    print("| --- | ---: | ---: |")
+    for in_flight in in_flights:
+        for mode in modes:
+            totals = []
+            for count in (small, 6 * small):
+                with tempfile.NamedTemporaryFile(suffix=".callgrind") as out:
+                    done = subprocess.run(
+                        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+                         sys.executable, __file__, "--url", url, "--modes", mode, "--in-flight", str(in_flight),
+                         "--decisions", str(count), "--rounds", "1", "--warmup", "300", "--loop", loop],
+                        capture_output=True, text=True, check=True)
+                found = re.search(r"Collected : (\d+)", done.stderr)
+                assert found, done.stderr[-2000:]
+                totals.append(int(found.group(1)))
+            print(f"| {mode} | {in_flight} | {(totals[1] - totals[0]) / (5 * small):,.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decisions", type=int, default=20_000)
@@ -183,7 +220,19 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="run the list of modes this many times, in turn")
     parser.add_argument("--cluster", action="store_true", help="a Redis Cluster of three primaries")
     parser.add_argument("--seam", action="store_true", help="lone calls through redis-py's API, Connection, parser")
+    parser.add_argument("--instructions", action="store_true",
+                        help="client instructions per decision under callgrind instead of CPU time (slow)")
+    parser.add_argument("--warmup", type=int, default=5000, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)  # a server already running (--instructions)
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if not (args.cluster and m == "pipeline")]
+    in_flights = [int(n) for n in args.in_flight.split(",")]
+    if args.url:
+        for in_flight in in_flights:
+            for mode in modes:
+                coro = measure(args.url, args.cluster, mode, args.decisions, in_flight, args.rounds, args.warmup)
+                print(run_loop(coro, args.loop))
+        return
     servers = RedisCluster() if args.cluster else RedisProcess()
     servers.start()
     processes = servers.nodes if isinstance(servers, RedisCluster) else [servers]
@@ -203,20 +252,17 @@ def main() -> None:
             print(f"| redis-py {redis.__version__}, CPU per lone EVALSHA, µs | "
                   + " | ".join(f"{k}: {v:.1f}" for k, v in found.items()) + " |")
             return
+        if args.instructions:
+            instructions(url, modes, in_flights, min(args.decisions, 500), args.loop)
+            return
         where = "Cluster" if args.cluster else "one server"
         print(f"| client CPU per decision ({where}, {args.loop}), µs | in flight | median | least | rounds |")
         print("| --- | ---: | ---: | ---: | --- |")
-        modes = [m for m in args.modes.split(",") if not (args.cluster and m == "pipeline")]
-        for in_flight in [int(n) for n in args.in_flight.split(",")]:
+        for in_flight in in_flights:
             for _ in range(args.repeat):
                 for mode in modes:
-                    coro = measure(url, args.cluster, mode, args.decisions, in_flight, args.rounds)
-                    if args.loop == "uvloop":
-                        import uvloop
-
-                        results = uvloop.run(coro)
-                    else:
-                        results = asyncio.run(coro)
+                    results = run_loop(measure(url, args.cluster, mode, args.decisions, in_flight, args.rounds),
+                                       args.loop)
                     rounds = " ".join(f"{r:.1f}" for r in results)
                     print(f"| {mode} | {in_flight} | {statistics.median(results):.1f} | {min(results):.1f} "
                           f"| {rounds} |", flush=True)

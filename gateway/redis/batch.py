@@ -7,9 +7,13 @@ writes them on one redis-py `Connection` as one packed write and reads their rep
 gateway.errors.RedisUnavailable subclass).
 
 Time: a call's budget (redis.timeout) starts when it is queued. All calls of a batch were queued in
-the same tick, so the batch carries one deadline, that of its first call, and its task runs under
-`asyncio.timeout_at(deadline)`: connecting, the exchange, a NOSCRIPT reload, redirections and
-their retries all fit in it, and when it passes every call still waiting fails with RedisTimeout.
+the same tick, so the batch carries one deadline, that of its first call: connecting, the exchange,
+a NOSCRIPT reload, redirections and their retries all fit in it, and when it passes the batch's
+task is cancelled and every call still waiting fails with RedisTimeout. One timer per runner
+watches the deadlines (`_expire`), armed for the oldest batch in flight and moved on only when it
+fires: deadlines come in the order batches start, so it is never late, and a batch costs no timer
+of its own (`asyncio.timeout_at` per batch took a timer handle, a Timeout and its cancellation:
+4.5 µs of a lone call's client CPU, measured on a hot core).
 Connecting has redis-py's socket_connect_timeout (the same budget) below it; reading has no
 socket_timeout of its own: redis-py would put a timer around every write and every reply (measured
 on a lone call through its Connection, Redis on the same core: 22 against 11 µs of client CPU) for
@@ -102,8 +106,9 @@ class Batcher:
         self._pending: list[Call] = []
         self._deadline = 0.0
         self._scheduled = False
-        self._in_flight = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[asyncio.Task[None], float] = {}  # batch -> its deadline, oldest first
+        self._expired: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def failure_domain(self, key: str) -> int | None:
         """One server (or one Sentinel-named primary) holds every key: one domain."""
@@ -116,7 +121,7 @@ class Batcher:
         if not self._pending:
             self._deadline = loop.time() + self.timeout
         self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
-        if not self._scheduled and self._in_flight < self.max_batches:
+        if not self._scheduled and len(self._in_flight) < self.max_batches:
             self._start(loop)
         return future
 
@@ -124,30 +129,46 @@ class Batcher:
         """The task of the next batch. Its first step runs at the end of this tick, and takes every
         call queued until then (one loop turn sooner than a flush callback creating the task)."""
         self._scheduled = True
-        self._in_flight += 1
-        task = loop.create_task(self._execute())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._in_flight[loop.create_task(self._execute())] = self._deadline
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Cancel the batches whose deadline passed; watch the oldest of the others."""
+        self._watchdog = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, deadline in self._in_flight.items():
+            if deadline > now:
+                self._watchdog = loop.call_at(deadline, self._expire)
+                return
+            if task not in self._expired:
+                self._expired.add(task)
+                task.cancel()
 
     async def _execute(self) -> None:
         self._scheduled = False
         batch, self._pending = self._pending, []
+        task = asyncio.current_task()
+        assert task is not None
         try:
-            async with asyncio.timeout_at(self._deadline):
-                await self._send(batch)
-        except TimeoutError:
-            self._fail(batch, RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms"))
+            await self._send(batch)
+        except asyncio.CancelledError:
+            # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
+            if task in self._expired and task.uncancel() == 0:
+                self._fail(batch, RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms"))
+            else:  # the loop is shutting down: so are the callers
+                for call in batch:
+                    call.future.cancel()
+                raise
         except REDIS_FAILURES as exc:
             self._fail(batch, convert(exc))
-        except asyncio.CancelledError:  # the loop is shutting down: so are the callers
-            for call in batch:
-                call.future.cancel()
-            raise
         except BaseException as exc:  # a bug: never leave a caller hanging
             self._fail(batch, exc)
             raise
         finally:
-            self._in_flight -= 1
+            del self._in_flight[task]
+            self._expired.discard(task)
             if self._pending and not self._scheduled:
                 self._start(asyncio.get_running_loop())
 
@@ -163,5 +184,5 @@ class Batcher:
 
     async def drain(self) -> None:
         """Wait for the batches in flight (before closing the connections)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight, return_exceptions=True)

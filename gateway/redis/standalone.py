@@ -61,7 +61,7 @@ class PipelineRunner(Batcher):
             if load:
                 scripts = {call.script.sha: call.script for call in todo}
                 loads = [("SCRIPT", "LOAD", script.source) for script in scripts.values()]
-            context = await self._before()
+            context = self._before()
             replies = await self._pipeline(loads + [call.command for call in todo])
             again: list[Call] = []
             refused: list[Call] = []
@@ -84,7 +84,7 @@ class PipelineRunner(Batcher):
                 return
             todo, load = again, True
 
-    async def _before(self) -> object:
+    def _before(self) -> object:
         """Noted before a round is sent, for `_replica_refused` (Sentinel: the primary's address)."""
         return None
 
@@ -213,7 +213,7 @@ class SentinelRunner(PipelineRunner):
     async def _check_now(self) -> None:
         await self._check()
 
-    async def _before(self) -> object:
+    def _before(self) -> object:
         pool: Any = self.client.connection_pool
         return pool.master_address
 
