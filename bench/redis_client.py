@@ -43,7 +43,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -57,6 +57,8 @@ from gateway.limiter import Limiter, rule_spec
 from gateway.redis import PipelineRunner, make_runner
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisProcess
+
+T = TypeVar("T")
 
 USERS = 5000
 
@@ -176,7 +178,39 @@ async def seam(url: str, count: int) -> dict[str, float]:
     return out
 
 
-def run_loop(coro: Coroutine[Any, Any, list[float]], loop: str) -> list[float]:
+async def round_trips(url: str, seconds: float) -> dict[str, float]:
+    """Lone EVALSHA calls of `return 1`, one after another, for `seconds`, through redis-py's
+    `Connection` as the runner drives it: the floor under a lone decision (no script work, no
+    Python of ours), in wall time per call (p50, p99) and this process's CPU per call."""
+    import hiredis
+    from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+
+    client = Redis.from_url(url)
+    sha = await client.script_load("return 1")
+    await client.aclose()
+    packed = hiredis.pack_command(cast(Any, (b"EVALSHA", sha.encode(), 0)))
+    connection: Any = (UnixDomainSocketConnection(path=url.removeprefix("unix://"), socket_timeout=None)
+                       if url.startswith("unix://") else
+                       Connection(port=int(url.rsplit(":", 1)[1]), socket_timeout=None))
+    await connection.connect()
+    for _ in range(500):
+        await connection.send_packed_command(packed, check_health=False)
+        await connection.read_response()
+    times: list[float] = []
+    clock = time.perf_counter
+    cpu, end = time.process_time(), clock() + seconds
+    while (started := clock()) < end:
+        await connection.send_packed_command(packed, check_health=False)
+        await connection.read_response()
+        times.append(clock() - started)
+    cpu = time.process_time() - cpu
+    await connection.disconnect()
+    times.sort()
+    return {"p50_ms": times[len(times) // 2] * 1000, "p99_ms": times[int(len(times) * 0.99)] * 1000,
+            "cpu_us_per_request": cpu / len(times) * 1e6, "rps": len(times) / seconds}
+
+
+def run_loop(coro: Coroutine[Any, Any, T], loop: str) -> T:
     if loop == "uvloop":
         import uvloop
 
@@ -223,8 +257,15 @@ def main() -> None:
     parser.add_argument("--instructions", action="store_true",
                         help="client instructions per decision under callgrind instead of CPU time (slow)")
     parser.add_argument("--warmup", type=int, default=5000, help=argparse.SUPPRESS)
-    parser.add_argument("--url", help=argparse.SUPPRESS)  # a server already running (--instructions)
+    parser.add_argument("--url", help="a server already running, instead of one of this script's own")
+    parser.add_argument("--round-trips", type=float, metavar="SECONDS",
+                        help="lone EVALSHA of `return 1` on --url for SECONDS: p50, p99, CPU per call (JSON)")
     args = parser.parse_args()
+    if args.round_trips:
+        import json
+
+        print(json.dumps(run_loop(round_trips(args.url, args.round_trips), "uvloop")))
+        return
     modes = [m for m in args.modes.split(",") if not (args.cluster and m == "pipeline")]
     in_flights = [int(n) for n in args.in_flight.split(",")]
     if args.url:

@@ -101,6 +101,12 @@ LOW_LOAD = {  # row label: (contender whose process serves it, path prefix)
     "gateway, a route with no limits (1 worker)": ("gateway-1", OPEN_PREFIX),
     "gateway, 3-rule route (1 worker)": ("gateway-1", ""),
 }
+ROUND_TRIP = "a bare Redis round trip (EVALSHA of `return 1`, redis-py `Connection`, uvloop)"
+ROUND_TRIP_UNIX = ROUND_TRIP.replace("round trip", "round trip over a unix socket")
+UNIX_ROUTES = {  # the same gateway with Redis over a unix socket: low load only
+    "gateway over a unix socket to Redis, a route with no limits": OPEN_PREFIX,
+    "gateway over a unix socket to Redis, 3-rule route": "",
+}
 
 
 # --- processes ---------------------------------------------------------------------------------
@@ -353,9 +359,11 @@ def redis_binary() -> str:
 
 
 def start_redis(procs: Processes, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    """On 127.0.0.1:`port` and on the unix socket workdir/redis.sock."""
     workdir.mkdir(parents=True, exist_ok=True)
     process = procs.start("redis", [
         redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--unixsocket", str(workdir / "redis.sock"), "--unixsocketperm", "700",
         "--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning",
     ])
 
@@ -415,10 +423,11 @@ routes:
 """
 
 
-def start_contender(name: str, procs: Processes, tmp: Path, upstream_port: int, redis_port: int) -> Running:
+def start_contender(name: str, procs: Processes, tmp: Path, upstream_port: int, redis_port: int,
+                    redis_url: str | None = None) -> Running:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    redis_url = f"redis://127.0.0.1:{redis_port}"
+    redis_url = redis_url or f"redis://127.0.0.1:{redis_port}"
     if name in ("nginx", "nginx-2"):
         workers = 2 if name == "nginx-2" else 1
         process = start_nginx(procs, name, tmp / name, port, workers, nginx_proxy_server(port, upstream_port))
@@ -491,20 +500,44 @@ class Load:
 def low_load(running: Running, label: str, prefix: str, connections: list[int], duration: float,
              main_load: Load, shared: dict[str, list[int]], redis_port: int) -> dict[str, dict[str, float]]:
     """p50, p99 and the serving processes' CPU per request at each number of connections (wrk -t1);
-    for the gateway's routes also at the main load (the batched reference)."""
+    for the gateway's routes also at the main load (the batched reference).
+
+    At low load the server runs alone on the last CPU, and wrk, the upstream and Redis on the
+    others. Left to the scheduler, the same route's p50 at 1 connection moved between 120 and
+    250 µs from one run to the next, by whether the processes it woke shared its CPU (on this VM a
+    wake-up on another CPU costs tens of µs each way); pinned, every hop crosses CPUs, as it does
+    when the upstream and Redis are other machines, and runs agree within ~10%."""
     out = {}
     at = running.url + prefix
     loads = [Load(1, n, duration, min(1.0, duration)) for n in connections]
     if running.metrics_url:  # the gateway: both routes under the main load too, for the decision's own CPU
         loads.append(Load(main_load.threads, main_load.connections, duration, min(1.0, duration)))
+    servers = [running.process.pid, *descendants(running.process.pid)]
     for load in loads:
         wait_quiet(0.3, longest=5)
-        r = measure(Running(at, running.process), load, shared, redis_port)
+        with alone(servers if load.connections in connections else [], shared) as cpus:
+            r = measure(Running(at, running.process), load, shared, redis_port, cpus)
         out[str(load.connections)] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "rps": r["rps"],
                                       "cpu_us_per_request": r["proxy_cpu_us_per_request"],
                                       "error_statuses": r["error_statuses"], "other": r["cpu_cores"]["other"]}
         print(f"   {label}, {load.connections} connection(s): p50 {r['p50_ms'] * 1000:.0f} µs, "
               f"p99 {r['p99_ms'] * 1000:.0f} µs, {r['proxy_cpu_us_per_request']:.0f} µs CPU/request", flush=True)
+    return out
+
+
+def round_trips(url: str, seconds: float, redis_pid: int) -> dict[str, float]:
+    """The floor under a lone decision: bench/redis_client.py's lone EVALSHA of `return 1`, the
+    client on the last CPU and Redis on the others, as the gateway's worker at low load."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = (lambda: os.sched_setaffinity(0, {cpus[-1]})) if len(cpus) > 1 else None
+    with contextlib.ExitStack() as stack:
+        if len(cpus) > 1:
+            os.sched_setaffinity(redis_pid, set(cpus[:-1]))
+            stack.callback(os.sched_setaffinity, redis_pid, set(cpus))
+        done = subprocess.run([sys.executable, str(BENCH / "redis_client.py"), "--url", url, "--round-trips",
+                               str(seconds)], capture_output=True, text=True, timeout=seconds + 60, check=True,
+                              preexec_fn=pin)
+    out: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -536,9 +569,10 @@ def redis_calls(port: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def measure(running: Running, load: Load, shared: dict[str, list[int]], redis_port: int) -> dict[str, Any]:
+def measure(running: Running, load: Load, shared: dict[str, list[int]], redis_port: int,
+            cpus: set[int] | None = None) -> dict[str, Any]:
     if load.warmup > 0:
-        wrk(running.url, load, load.warmup)
+        wrk(running.url, load, load.warmup, cpus)
     redis_command(redis_port, "CONFIG", "RESETSTAT")
     proxy_pids = descendants(running.process.pid)
     groups = {"proxy": proxy_pids, **shared}
@@ -546,7 +580,7 @@ def measure(running: Running, load: Load, shared: dict[str, list[int]], redis_po
     busy_before = machine_busy_seconds()
     io_before = io_syscalls(proxy_pids)
     started = time.monotonic()
-    result = wrk(running.url, load, load.duration)
+    result = wrk(running.url, load, load.duration, cpus)
     wall = time.monotonic() - started
     cpu = {k: round((cpu_seconds(v) - cpu_before[k]) / wall, 3) for k, v in groups.items()}
     cpu["wrk"] = round(result.pop("wrk_cpu_s") / wall, 3)
@@ -588,20 +622,29 @@ def worker_alone(running: Running, shared: dict[str, list[int]]) -> Iterator[set
     sites looked twice as costly as perf's on-CPU count. Alone on its CPU it is not preempted.
     Yields the CPUs for wrk (None: fewer than 2 CPUs, nothing pinned).
     """
+    with alone([running.profile_pid] if running.profile_pid is not None else [], shared) as cpus:
+        yield cpus
+
+
+@contextlib.contextmanager
+def alone(pids: list[int], shared: dict[str, list[int]]) -> Iterator[set[int] | None]:
+    """`pids` on the last CPU, the `shared` processes on the others; yields the others (for wrk)."""
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or running.profile_pid is None:
+    if len(cpus) < 2 or not pids:
         yield None
         return
     mine, rest = {cpus[-1]}, set(cpus[:-1])
-    others = [p for pids in shared.values() for p in pids]
+    others = [p for group in shared.values() for p in group if p not in pids]
     try:
-        os.sched_setaffinity(running.profile_pid, mine)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(pid, mine)
         for pid in others:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(pid, rest)
         yield rest
     finally:
-        for pid in [running.profile_pid, *others]:
+        for pid in [*pids, *others]:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(pid, set(cpus))
 
@@ -772,6 +815,18 @@ def low_load_ratios(low: dict[str, dict[str, dict[str, float]]], main_connection
         value = limited["1"]["p50_ms"] / open_["1"]["p50_ms"]
         out["3-rule p50 / no-limit p50, 1 connection"] = {"value": value, "target": TARGET_LONE_P50,
                                                           "pass": value <= TARGET_LONE_P50, "at_most": True}
+    unix_open, unix_limited = (low.get(label, {}) for label in UNIX_ROUTES)
+    if "1" in unix_limited and "1" in unix_open:
+        value = unix_limited["1"]["p50_ms"] / unix_open["1"]["p50_ms"]
+        out["3-rule p50 / no-limit p50, 1 connection, Redis over a unix socket"] = {
+            "value": value, "target": TARGET_LONE_P50, "pass": value <= TARGET_LONE_P50, "at_most": True}
+    for routes, floor, name in (((limited, open_), ROUND_TRIP, "TCP"),
+                                ((unix_limited, unix_open), ROUND_TRIP_UNIX, "unix socket")):
+        bare = low.get(floor, {}).get("1")
+        if bare and all("1" in r for r in routes):
+            added = routes[0]["1"]["p50_ms"] - routes[1]["1"]["p50_ms"]
+            out[f"p50 a decision adds / a bare round trip's, 1 connection, {name}"] = {
+                "value": added / bare["p50_ms"], "added_us": added * 1000, "bare_us": bare["p50_ms"] * 1000}
     main = str(main_connections)
     if "1" in limited and "1" in open_ and main in limited and main in open_:
         lone = limited["1"]["cpu_us_per_request"] - open_["1"]["cpu_us_per_request"]
@@ -780,6 +835,10 @@ def low_load_ratios(low: dict[str, dict[str, dict[str, float]]], main_connection
         out[f"decision CPU alone / batched ({main} connections)"] = {
             "value": value, "target": TARGET_LONE_CPU, "pass": value <= TARGET_LONE_CPU, "at_most": True,
             "lone_us": lone, "batched_us": batched}
+        bare = low.get(ROUND_TRIP, {}).get("1")
+        if bare and batched > 0:
+            out[f"decision CPU alone, less a bare round trip's, / batched ({main} connections)"] = {
+                "value": (lone - bare["cpu_us_per_request"]) / batched}
     return out
 
 
@@ -1003,6 +1062,13 @@ def main(argv: list[str] | None = None) -> int:
                 label = next(iter(LOW_LOAD))
                 report["low_load"][label] = low_load(direct, label, "", low_counts, args.low_load_duration,
                                                      load, {"redis": [redis.pid]}, redis_port)
+                for label, url in ((ROUND_TRIP, f"redis://127.0.0.1:{redis_port}"),
+                                   (ROUND_TRIP_UNIX, f"unix://{tmp / 'redis' / 'redis.sock'}")):
+                    wait_quiet(0.3, longest=5)
+                    found = round_trips(url, args.low_load_duration, redis.pid)
+                    report["low_load"][label] = {"1": found}
+                    print(f"   {label}: p50 {found['p50_ms'] * 1000:.0f} µs, p99 {found['p99_ms'] * 1000:.0f} µs, "
+                          f"{found['cpu_us_per_request']:.0f} µs CPU/call", flush=True)
             for name in CONTENDERS:
                 if name not in chosen:
                     continue
@@ -1034,6 +1100,17 @@ def main(argv: list[str] | None = None) -> int:
                         if serving == name and low_counts:
                             report["low_load"][label] = low_load(running, label, prefix, low_counts,
                                                                  args.low_load_duration, load, shared, redis_port)
+                    if name == "gateway-1" and low_counts:
+                        print("== the same gateway, Redis over a unix socket (low load)", flush=True)
+                        unix = start_contender(name, procs, tmp, upstream_port, redis_port,
+                                               f"unix://{tmp / 'redis' / 'redis.sock'}")
+                        try:
+                            for label, prefix in UNIX_ROUTES.items():
+                                report["low_load"][label] = low_load(
+                                    Running(unix.url, unix.process), label, prefix, low_counts,
+                                    args.low_load_duration, load, shared, redis_port)
+                        finally:
+                            procs.stop(unix.process)
                     if name == "gateway-1" and not args.no_profile:
                         print("== profiling gateway-1 (alone on one CPU): py-spy, then perf", flush=True)
                         with worker_alone(running, shared) as cpus:
