@@ -22,9 +22,12 @@ error statuses (>= 400) proves it and is reported, and for the gateway so are it
 Low load: most gateways spend most of their day with a few requests in flight, where batching
 gives nothing. At 1 and 8 connections (wrk -t1 --latency, `--low-load-duration` s each) the
 upstream direct, nginx, the fair peer, and gateway-1 on a route with no limits (/open/...) and on
-its 3-rule route are measured for p50, p99 and the server's CPU per request; gateway-1's two routes
-also at the main load, so a decision's own CPU (3-rule minus no-limit, per request) is known both
-alone and batched.
+its 3-rule route are measured for p50, p99 and the server's CPU per request, the server alone on
+the last CPU and everything else on the others; gateway-1's two routes also at the main load, so a
+decision's own CPU (3-rule minus no-limit, per request) is known both alone and batched. Beside
+them: a bare Redis round trip (bench/redis_client.py --round-trips: a lone EVALSHA of `return 1`,
+the floor under a lone decision), over TCP and over a unix socket, and gateway-1's routes again
+with Redis over the unix socket.
 
 The upstream is a separate nginx (1 worker) answering `return 200 "ok"`; Redis is a dedicated
 redis-server with persistence off. Load: wrk -t2 -c50, a short warm-up, then the measured run.

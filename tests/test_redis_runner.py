@@ -9,11 +9,12 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 import pytest
 
+from gateway.breaker import Breaker
 from gateway.config import RedisSettings, Rule
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import BreakerOpen, RedisConnectionFailed, RedisErrorReply, RedisTimeout, RedisUnavailable
@@ -225,3 +226,77 @@ def test_decisions_of_many_ticks_go_over_one_connection_in_growing_batches() -> 
         assert redis_proc.client().get(key) == b"1001"
     finally:
         redis_proc.stop()
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_calls_that_wait_out_their_budget_behind_a_hung_batch_fail_and_the_runner_goes_on(
+        loop_factory: str) -> None:
+    """Calls queued while a batch hangs can reach their deadline before their own batch starts
+    (one connection: it starts when the hung one is cut short). They fail with RedisTimeout in
+    their budget like the rest, and the runner keeps serving when Redis answers again."""
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    pid = proc.process.pid
+
+    async def main() -> None:
+        runner = make_runner(RedisSettings(url=proc.url, timeout=0.05))
+        limiter = Limiter(runner, breaker=Breaker(failures_to_open=1_000_000))
+        await limiter.decide(QUOTA, [_key()], [1])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for gap, stall in ((0.001, 0.0), (0.002, 0.0), (0.01, 0.0), (0.001, 0.08), (0.01, 0.2)):
+                first = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+                await asyncio.sleep(0)
+                await asyncio.sleep(gap)  # the first batch is on the wire
+                behind = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+                await asyncio.sleep(0)
+                time.sleep(stall)  # noqa: ASYNC251 (a loop held past both deadlines: a long pause, a starved CPU)
+                started = time.perf_counter()
+                done = await asyncio.wait_for(asyncio.gather(first, behind, return_exceptions=True), 2.0)
+                assert all(isinstance(e, RedisTimeout) for e in done), done
+                assert time.perf_counter() - started < 0.05 + gap + 0.05
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
+        await limiter.close()
+
+    try:
+        _run_bounded(main(), loop_factory)
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_a_batch_whose_deadline_passes_before_it_starts_fails_in_time_and_the_next_one_runs(
+        redis_proc: RedisProcess, loop_factory: str) -> None:
+    """The loop stalls (a long pause, a starved CPU) between a call being queued and its batch's
+    first step, past the call's budget. uvloop then runs due timers before that step: the call
+    must still fail with RedisTimeout, not wait for ever, and the next call must be served."""
+    async def main() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=0.05)),
+                          breaker=Breaker(failures_to_open=1_000_000))
+        await limiter.decide(QUOTA, [_key()], [1])
+        for _ in range(3):
+            call = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+            await asyncio.sleep(0)  # the call is queued and its batch's task created ...
+            time.sleep(0.1)  # noqa: ASYNC251 (... and the loop is held past the call's deadline)
+            with pytest.raises(RedisTimeout):
+                await asyncio.wait_for(call, 2.0)
+            assert (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
+        await limiter.close()
+
+    _run_bounded(main(), loop_factory)
+
+
+def _run_bounded(main: Coroutine[Any, Any, None], loop_factory: str) -> None:
+    """Run `main` on the loop named, failing (not hanging) if the runner wedges."""
+    async def bounded() -> None:
+        await asyncio.wait_for(main, 20.0)
+
+    if loop_factory == "uvloop":
+        import uvloop
+
+        uvloop.run(bounded())
+    else:
+        asyncio.run(bounded())

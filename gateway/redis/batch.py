@@ -105,7 +105,7 @@ class Batcher:
         self.timeout = timeout
         self._pending: list[Call] = []
         self._deadline = 0.0
-        self._scheduled = False
+        self._next: asyncio.Task[None] | None = None  # the next batch's task, until its first step
         self._in_flight: dict[asyncio.Task[None], float] = {}  # batch -> its deadline, oldest first
         self._expired: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
@@ -121,20 +121,20 @@ class Batcher:
         if not self._pending:
             self._deadline = loop.time() + self.timeout
         self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
-        if not self._scheduled and len(self._in_flight) < self.max_batches:
-            self._start(loop)
+        if (self._next is None or self._next.done()) and len(self._in_flight) < self.max_batches:
+            self._start(loop)  # (a next task done before its first step was cancelled with its loop)
         return future
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """The task of the next batch. Its first step runs at the end of this tick, and takes every
         call queued until then (one loop turn sooner than a flush callback creating the task)."""
-        self._scheduled = True
-        self._in_flight[loop.create_task(self._execute())] = self._deadline
-        if self._watchdog is None:
-            self._watchdog = loop.call_at(self._deadline, self._expire)
+        self._next = loop.create_task(self._execute(self._deadline))
 
     def _expire(self) -> None:
-        """Cancel the batches whose deadline passed; watch the oldest of the others."""
+        """Cancel the batches whose deadline passed; watch the oldest of the others. Only batches
+        that took their first step are watched: uvloop runs a timer that fell due before the
+        ready callbacks of its loop turn, and a task cancelled before its first step would never
+        run the code that lets the next batch start."""
         self._watchdog = None
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -146,17 +146,24 @@ class Batcher:
                 self._expired.add(task)
                 task.cancel()
 
-    async def _execute(self) -> None:
-        self._scheduled = False
+    async def _execute(self, deadline: float) -> None:
+        self._next = None
         batch, self._pending = self._pending, []
         task = asyncio.current_task()
         assert task is not None
+        loop = asyncio.get_running_loop()
+        self._in_flight[task] = deadline
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadline, self._expire)
         try:
-            await self._send(batch)
+            if loop.time() < deadline:
+                await self._send(batch)
+            else:  # its calls spent their budget waiting for the batch before theirs
+                self._fail(batch, self._timed_out())
         except asyncio.CancelledError:
             # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
             if task in self._expired and task.uncancel() == 0:
-                self._fail(batch, RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms"))
+                self._fail(batch, self._timed_out())
             else:  # the loop is shutting down: so are the callers
                 for call in batch:
                     call.future.cancel()
@@ -169,8 +176,11 @@ class Batcher:
         finally:
             del self._in_flight[task]
             self._expired.discard(task)
-            if self._pending and not self._scheduled:
-                self._start(asyncio.get_running_loop())
+            if self._pending and self._next is None:
+                self._start(loop)
+
+    def _timed_out(self) -> RedisTimeout:
+        return RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms")
 
     @staticmethod
     def _fail(batch: list[Call], exc: BaseException) -> None:
@@ -184,5 +194,6 @@ class Batcher:
 
     async def drain(self) -> None:
         """Wait for the batches in flight (before closing the connections)."""
-        if self._in_flight:
-            await asyncio.gather(*self._in_flight, return_exceptions=True)
+        waiting = [*self._in_flight, *([self._next] if self._next is not None else [])]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
