@@ -197,15 +197,15 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         # long and never read as the packed format), which the file's script reads too
         digits = sliding_window_digits(p1)  # the file's script's (any is read: the value says its own)
         return FRAGMENTS["sliding_window"].substitute(
-            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
+            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev)",
             float_slack=given["float_slack"], digits=digits, modulus=10**digits, exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
         digits = sliding_window_digits(p1)
         if p1 < 2**24:
             pack = (f"fmt('{digits}%0{18 - digits}d%0{digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
-                    f"wid % {10 ** digits}), last_ms")
+                    f"wid % {10 ** digits})")
         else:
-            pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
+            pack = "fmt('%d:%d:%d', wid, c, prev)"
         # floats lose exactness past 2^52: a retry rounded up by their step stays honest
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
@@ -235,6 +235,8 @@ def _write(i: int, spec: RuleSpec, n: int, given: dict[str, str] | None = None) 
         return FRAGMENTS["sliding_log_write"].substitute(i=i, window=(given or {}).get("p2", spec.p2))
     if spec.algorithm == "quota" and spec.p2 == 0:
         return FRAGMENTS["quota_write"].substitute(i=i)
+    if spec.algorithm == "sliding_window":
+        return FRAGMENTS["sliding_window_write"].substitute(i=i)
     return FRAGMENTS["set_until"].substitute(i=i, value=f"a{i}", until=f"b{i}")
 
 

@@ -189,8 +189,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 
 --@@ quota_write
   if a@i then
-    -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
-    if not b@i or type(try('INCRBY', KEYS[@i], fmt('%d', a@i - (tonumber(values[@i]) or 0)))) == 'table' then
+    -- b@i: the count read is ours and moves by the cost as sent (ARGV[@i], no formatting); INCRBY
+    -- refuses a count or cost it cannot parse as an integer ("1e3", "007"): then the count is SET
+    if not b@i or type(try('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
       call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
@@ -284,7 +285,10 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       if cost ~= 0 and @charge then
         local c = cur + cost
         if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
-        a@i, b@i = @pack_state
+        -- b@i false: the state read is this window's and its key already expires with the next
+        -- one (every write of a window's state sets that expiry): the write keeps it (KEEPTTL,
+        -- a fraction of what setting an expiry costs Redis)
+        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked) and last_ms
       end
     else
       local r
@@ -315,7 +319,12 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     -- write does the same)
     local c = cur
     prev = 0
-    f@i, g@i = @pack_state
+    f@i, g@i = @pack_state, last_ms
+  end
+
+--@@ sliding_window_write
+  if a@i then
+    if b@i then call('SET', KEYS[@i], a@i, 'PXAT', fmt('%d', b@i)) else call('SET', KEYS[@i], a@i, 'KEEPTTL') end
   end
 
 --@@ sliding_log
