@@ -125,9 +125,11 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         mosts.append(most)
         index += 1 if packed else 2
     peek_lua = "true" if peek else "false"
+    delays = any(spec.algorithm == "leaky_bucket" and not spec.shadow for spec in specs)
     parts = [FRAGMENTS["head"].substitute(
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
         slots=", ".join("0" for _ in range(index - 1)),
+        delay_local=", delay" if delays else "", delay_zero=", 0" if delays else "",
     )]
     if any(spec.algorithm == "sliding_window" for spec in specs):
         parts.append(FRAGMENTS["locals_sliding_window"].substitute())
@@ -147,7 +149,7 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
-    parts.append(FRAGMENTS["tail"].substitute())
+    parts.append(FRAGMENTS["tail"].substitute(admitted="(delay + (-delay) % 1000) / 1000 * 2 + 1" if delays else "1"))
     return _simplified("".join(parts)), Layout(tuple(slots))
 
 
@@ -171,13 +173,21 @@ def _verdict(i: int, spec: RuleSpec, most: int | str, reply: str) -> str:
     return FRAGMENTS["verdict"].substitute(i=i, most=most, rs=rs, reply=reply, delay=delay)
 
 
+def _last_ms(window: int | str) -> str:
+    """Lua: the last millisecond of the window after the current one (number `wid`)."""
+    if isinstance(window, int) and window % 1000 == 0:
+        return f"((wid + 2) * {window // 1000} - 1)"
+    return f"(((wid + 2) * {window} + (-(wid + 2) * {window}) % 1000) / 1000 - 1)"
+
+
 def _read_own_digits(digits: int, window: int | str, modulus: int) -> str:
-    """Lua reading a sliding window's 19-digit value of this rule's own d: its 18 digits after d by one
-    string.byte (no substring, no strtod), the pair's and the window number's in turn. Only where the
-    pair's digits add up below 2^53 before the '0's are taken off (d >= 3); else the general path."""
+    """Lua reading a sliding window's 19-digit value `v`: its d, and when d is this rule's own, all
+    its digits by one string.byte (no substring, no strtod), the pair's and the window number's in
+    turn. Only where the pair's digits add up below 2^53 before the '0's are taken off (d >= 3);
+    else every d takes the general path."""
     if digits < 3:
-        return "    if false then"
-    names = [f"c{k}" for k in range(2, 20)]
+        return "      local d = byte(v) - 48\n      if false then"
+    names = [f"c{k}" for k in range(1, 20)]
 
     def number(digit_names: list[str]) -> str:
         expr = digit_names[0]
@@ -188,14 +198,15 @@ def _read_own_digits(digits: int, window: int | str, modulus: int) -> str:
     exact = (str(modulus * window >= EXACT_SPAN_US).lower() if isinstance(window, int)
              else f"{modulus} * {window} >= {EXACT_SPAN_US}")
     return "\n".join([
-        f"    if d == {digits} then   -- this rule's own d",
-        f"      local {', '.join(names)} = byte(v, 2, 19)",
-        f"      num, lo = {number(names[:18 - digits])}, {number(names[18 - digits:])}",
-        f"      if num >= 0 and lo >= 0 and lo < {modulus} then",
-        f"        rel, exact = (wid - lo) % {modulus}, {exact}",
-        "      else",
-        "        num = nil",
-        "      end",
+        f"      local {', '.join(names)} = byte(v, 1, 19)",
+        "      local d = c1 - 48",
+        f"      if d == {digits} then   -- this rule's own d",
+        f"        num, lo = {number(names[1:19 - digits])}, {number(names[19 - digits:])}",
+        f"        if num >= 0 and lo >= 0 and lo < {modulus} then",
+        f"          rel, exact = (wid - lo) % {modulus}, {exact}",
+        "        else",
+        "          num = nil",
+        "        end",
     ])
 
 
@@ -249,7 +260,7 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         digits = sliding_window_digits(p1)  # the file's script's (any is read: the value says its own)
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev)",
-            float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits),
+            float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits), last_ms=_last_ms(g2),
             exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
         digits = sliding_window_digits(p1)
@@ -262,7 +273,8 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack,
-            read_own=_read_own_digits(digits, p2, 10**digits), exact_span=EXACT_SPAN_US, **modes)
+            read_own=_read_own_digits(digits, p2, 10**digits), last_ms=_last_ms(p2), exact_span=EXACT_SPAN_US,
+            **modes)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 

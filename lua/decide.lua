@@ -56,7 +56,7 @@ local now = t[1] * 1000000 + t[2]
 -- around it. For integers x and d: floor(x / d) = (x - x % d) / d, ceil(x / d) = (x + (-x) % d) / d
 local values = call('MGET', @keys)   -- false for a missing key (or one that is not a string)
 local out = {@slots}
-local refused, by, worst, delay = false, 0, 0, 0
+local refused, by, worst@delay_local = false, 0, 0@delay_zero
 
 --@@ override_params
 -- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules, the
@@ -208,16 +208,19 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
   local rel, sc, sp, exact = nil, 0, 0, true
   if v then
-    -- 19 digits: d (1..8), the counts' pair in 18 - d digits, the window number mod 10^d in d
-    local d, num, lo = #v == 19 and byte(v) - 48
+    local num, lo
+    if #v == 19 then
+      -- 19 digits: d (1..8), the counts' pair in 18 - d digits, the window number mod 10^d in d;
+      -- @read_own reads the value's d and, when it is this rule's, its digits (one string.byte)
 @read_own
-    elseif d and d >= 1 and d <= 8 then   -- another d: written before a change of the limit
-      num, lo = tonumber(string.sub(v, 2, 19 - d)), tonumber(string.sub(v, 20 - d))
-      if num and lo and num >= 0 and lo >= 0 and num % 1 == 0 and lo % 1 == 0 then
-        local m = 10 ^ d
-        rel, exact = (wid - lo) % m, m * @window >= @exact_span
-      else
-        num = nil
+      elseif d >= 1 and d <= 8 then   -- another d: written before a change of the limit
+        num, lo = tonumber(string.sub(v, 2, 19 - d)), tonumber(string.sub(v, 20 - d))
+        if num and lo and num >= 0 and lo >= 0 and num % 1 == 0 and lo % 1 == 0 then
+          local m = 10 ^ d
+          rel, exact = (wid - lo) % m, m * @window >= @exact_span
+        else
+          num = nil
+        end
       end
     end
     if not rel then
@@ -237,7 +240,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       end
     end
     if num then                        -- cantor(current, previous): the pair, whatever the limit
-      local s = floor((sqrt(8 * num + 1) - 1) / 2)
+      local s = (sqrt(8 * num + 1) - 1) / 2
+      s = s - s % 1
       if num >= 562949953421312 then   -- 2^49: below it (a limit below 2^24) the root is exact
         while s * (s + 1) / 2 > num do s = s - 1 end
         while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
@@ -251,12 +255,12 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- expiry, beyond the next window's end, tells. Asked where it changes the
   -- answer: a last window's count, a previous count weighted now, or (below) a refusal that could
   -- wedge the key.
-  -- counts matter until the next window ends: its last millisecond
-  local last_ms = ((wid + 2) * @window + (-(wid + 2) * @window) % 1000) / 1000 - 1
+  -- counts matter until the next window ends: @last_ms is its last millisecond, used where a write
+  -- sets the key's expiry or a TTL is read
   local future, checked = rel ~= nil and rel >= 2, exact
   if not exact and (rel == 1 or (rel == 0 and sp > 0)) then
     local ttl = call('PTTL', KEYS[@i])
-    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > last_ms + 1, true
+    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
   end
   local cur, prev, room
   for pass = 1, 2 do
@@ -274,7 +278,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
     if room >= 0 or checked or future or @peek or rel ~= 0 or cost > @limit then break end
     local ttl = call('PTTL', KEYS[@i])
-    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > last_ms + 1, true
+    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
     if not future then break end
   end
   local avail = room + cost * @window
@@ -290,7 +294,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
         -- b@i false: the state read is this window's and its key already expires with the next
         -- one (every write of a window's state sets that expiry): the write keeps it (KEEPTTL,
         -- a fraction of what setting an expiry costs Redis)
-        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked) and last_ms
+        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked) and @last_ms
       end
     else
       local r
@@ -321,7 +325,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     -- write does the same)
     local c = cur
     prev = 0
-    f@i, g@i = @pack_state, last_ms
+    f@i, g@i = @pack_state, @last_ms
   end
 
 --@@ sliding_window_write
@@ -468,9 +472,10 @@ end
 local floor, sqrt, byte = math.floor, math.sqrt, string.byte
 
 --@@ tail
+-- (@admitted: delay_ms * 2 + 1, or 1 in a script without a rule that delays)
 if refused then
   out[1] = ((worst < 0 and 0 or (worst + (-worst) % 1000) / 1000 + 1) * 256 + by) * 2
 else
-  out[1] = (delay + (-delay) % 1000) / 1000 * 2 + 1
+  out[1] = @admitted
 end
 return out
