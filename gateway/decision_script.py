@@ -128,7 +128,7 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
     delays = any(spec.algorithm == "leaky_bucket" and not spec.shadow for spec in specs)
     parts = [FRAGMENTS["head"].substitute(
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
-        slots=", ".join("0" for _ in range(index - 1)),
+        slots=", ".join(["0" if delays else "1"] + ["0"] * (index - 2)),
         delay_local=", delay" if delays else "", delay_zero=", 0" if delays else "",
     )]
     if any(spec.algorithm == "sliding_window" for spec in specs):
@@ -149,7 +149,8 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
-    parts.append(FRAGMENTS["tail"].substitute(admitted="(delay + (-delay) % 1000) / 1000 * 2 + 1" if delays else "1"))
+    parts.append(FRAGMENTS["tail"].substitute(
+        admitted="else\n  out[1] = (delay + (-delay) % 1000) / 1000 * 2 + 1" if delays else ""))
     return _simplified("".join(parts)), Layout(tuple(slots))
 
 
@@ -180,11 +181,12 @@ def _last_ms(window: int | str) -> str:
     return f"(((wid + 2) * {window} + (-(wid + 2) * {window}) % 1000) / 1000 - 1)"
 
 
-def _read_own_digits(digits: int, window: int | str, modulus: int) -> str:
+def _read_own_digits(digits: int, window: int | str, modulus: int, mine: bool = True) -> str:
     """Lua reading a sliding window's 19-digit value `v`: its d, and when d is this rule's own, all
     its digits by one string.byte (no substring, no strtod), the pair's and the window number's in
     turn. Only where the pair's digits add up below 2^53 before the '0's are taken off (d >= 3);
-    else every d takes the general path."""
+    else every d takes the general path. `mine`: the value is this script's own layout (not in an
+    override's script, which reads the file's value but writes its own)."""
     if digits < 3:
         return "      local d = byte(v) - 48\n      if false then"
     names = [f"c{k}" for k in range(1, 20)]
@@ -203,7 +205,7 @@ def _read_own_digits(digits: int, window: int | str, modulus: int) -> str:
         f"      if d == {digits} then   -- this rule's own d",
         f"        num, lo = {number(names[1:19 - digits])}, {number(names[19 - digits:])}",
         f"        if num >= 0 and lo >= 0 and lo < {modulus} then",
-        f"          rel, exact = (wid - lo) % {modulus}, {exact}",
+        f"          rel, exact, mine = (wid - lo) % {modulus}, {exact}, {_lua(mine)}",
         "        else",
         "          num = nil",
         "        end",
@@ -260,8 +262,8 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         digits = sliding_window_digits(p1)  # the file's script's (any is read: the value says its own)
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev)",
-            float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits), last_ms=_last_ms(g2),
-            exact_span=EXACT_SPAN_US, **modes)
+            float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits, mine=False),
+            last_ms=_last_ms(g2), exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
         digits = sliding_window_digits(p1)
         if p1 < 2**24:

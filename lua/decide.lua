@@ -99,17 +99,14 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 
 --@@ bucket_read
   -- the time the bucket is full again (the queue empty), no earlier than now
-  local tat = 0
-  if v then
-    tat = tonumber(v) or 0
-    if not (tat >= 0 and tat < 4e18) then tat = 0 end   -- not ours (nan, inf, negative): as absent
-    if tat < 1000 then   -- the earlier format (above): the milliseconds are the key's expiry
-      if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-        local at = call('PEXPIRETIME', KEYS[@i])
-        tat = at > 0 and at * 1000 - tat or 0
-      else
-        tat = 0
-      end
+  local tat = v and tonumber(v) or 0
+  if not (tat >= 1000 and tat < 4e18) then
+    if v and tat >= 0 and tat < 1000 and (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+      -- the earlier format (above): the milliseconds are the key's expiry
+      local at = call('PEXPIRETIME', KEYS[@i])
+      tat = at > 0 and at * 1000 - tat or 0
+    else
+      tat = 0                          -- none, or not ours (nan, inf, negative): as absent
     end
   end
   if tat < now then
@@ -205,8 +202,10 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local ok, retry = false, -1
   local elapsed = now % @window
   local wid = (now - elapsed) / @window
-  -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
-  local rel, sc, sp, exact = nil, 0, 0, true
+  -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired);
+  -- mine: the state is in a layout this script writes, with its window (its key's expiry is the
+  -- one this script sets: the 19-digit value of the file's script, the string of either)
+  local rel, sc, sp, exact, mine = nil, 0, 0, true, false
   if v then
     local num, lo
     if #v == 19 then
@@ -234,7 +233,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       else
         local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
         if sw then
-          rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
+          rel, sc, sp, mine = wid - tonumber(sw), tonumber(x), tonumber(y), true
           if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
         end
       end
@@ -291,10 +290,10 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       if cost ~= 0 and @charge then
         local c = cur + cost
         if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
-        -- b@i false: the state read is this window's and its key already expires with the next
-        -- one (every write of a window's state sets that expiry): the write keeps it (KEEPTTL,
-        -- a fraction of what setting an expiry costs Redis)
-        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked) and @last_ms
+        -- b@i false: the state read is this window's, written by a script with this window, so
+        -- its key already expires with the next one: the write keeps that (KEEPTTL, a fraction of
+        -- what setting an expiry costs Redis)
+        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked or not mine) and @last_ms
       end
     else
       local r
@@ -472,10 +471,9 @@ end
 local floor, sqrt, byte = math.floor, math.sqrt, string.byte
 
 --@@ tail
--- (@admitted: delay_ms * 2 + 1, or 1 in a script without a rule that delays)
+-- (admitted: delay_ms * 2 + 1; in a script without a rule that delays, out[1] starts as 1)
 if refused then
   out[1] = ((worst < 0 and 0 or (worst + (-worst) % 1000) / 1000 + 1) * 256 + by) * 2
-else
-  out[1] = @admitted
+@admitted
 end
 return out
