@@ -300,7 +300,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       if prev > 0 and cur + cost <= @limit then
         -- later in this window: prev * (window - elapsed - r) <= (limit - cur - cost) * window
         local x = (@limit - cur - cost) * @window
-        local q = floor(x / prev)
+        local q = math.floor(x / prev)
         if q * prev > x then q = q - 1 end
         r = @window - elapsed - q
       end
@@ -309,7 +309,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
         local y = 0
         if cur > 0 then
           local x = (@limit - cost) * @window
-          local q = floor(x / cur)
+          local q = math.floor(x / cur)
           if q * cur > x then q = q - 1 end
           y = @window - q
           if y < 0 then y = 0 end
@@ -468,7 +468,7 @@ end
 end
 
 --@@ locals_sliding_window
-local floor, sqrt, byte = math.floor, math.sqrt, string.byte
+local sqrt, byte = math.sqrt, string.byte
 
 --@@ tail
 -- (admitted: delay_ms * 2 + 1; in a script without a rule that delays, out[1] starts as 1)
