@@ -157,7 +157,8 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
 def _simplified(source: str) -> str:
     """The script without the tests of constants its fragments leave (`@force` false in a
     condition, `@charge` true): Lua compiles no constant conditions away, and runs every line."""
-    for constant, gone in ((" or false then", " then"), (" and true then", " then"), (" or false or ", " or ")):
+    for constant, gone in ((" or false then", " then"), (" and true then", " then"), (" or false or ", " or "),
+                           (" or false)", ")")):
         source = source.replace(constant, gone)
     return source
 

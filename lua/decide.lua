@@ -260,29 +260,32 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- wedge the key.
   -- counts matter until the next window ends: @last_ms is its last millisecond, used where a write
   -- sets the key's expiry or a TTL is read
-  local future, checked = rel ~= nil and rel >= 2, exact
-  if not exact and (rel == 1 or (rel == 0 and sp > 0)) then
-    local ttl = call('PTTL', KEYS[@i])
+  local cur, prev, future, checked = 0, 0, false, exact
+  if rel == 0 then
+    cur, prev = sc, sp
+    if not exact and sp > 0 then
+      local ttl = call('PTTL', KEYS[@i])
+      future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
+    end
+  elseif rel == 1 then
+    prev = sc
+    if not exact then
+      local ttl = call('PTTL', KEYS[@i])
+      future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
+    end
+  elseif rel then
+    future = true                      -- rel 2 or more
+  end
+  -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
+  local room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
+  if room < 0 and rel == 0 and not (checked or future or @peek) and cost <= @limit then
+    local ttl = call('PTTL', KEYS[@i])   -- a refusal that could wedge the key: is it from the future?
     future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
   end
-  local cur, prev, room
-  for pass = 1, 2 do
-    if future then
-      cur, prev = sc + sp, 0           -- from the future: all of it counts as used up now
-      if cur > @limit then cur = @limit end
-    elseif rel == 1 then
-      cur, prev = 0, sc
-    elseif rel == 0 then
-      cur, prev = sc, sp
-    else
-      cur, prev = 0, 0
-    end
-    -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
-    room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
-    if room >= 0 or checked or future or @peek or rel ~= 0 or cost > @limit then break end
-    local ttl = call('PTTL', KEYS[@i])
-    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
-    if not future then break end
+  if future then
+    cur, prev = sc + sp, 0             -- from the future: all of it counts as used up now
+    if cur > @limit then cur = @limit end
+    room = (@limit - cur - cost) * @window
   end
   local avail = room + cost * @window
   local remaining = (avail - avail % @window) / @window
