@@ -206,7 +206,7 @@ def _read_own_digits(digits: int, window: int | str, modulus: int, mine: bool = 
         f"      if d == {digits} then   -- this rule's own d",
         f"        num, lo = {number(names[1:19 - digits])}, {number(names[19 - digits:])}",
         f"        if num >= 0 and lo >= 0 and lo < {modulus} then",
-        f"          rel, exact, mine = (wid - lo) % {modulus}, {exact}, {_lua(mine)}",
+        f"          rel, exact, mine = (wid - lo) % {modulus}, {exact}, {1 if mine else 'false'}",
         "        else",
         "          num = nil",
         "        end",
@@ -264,7 +264,7 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev)",
             float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits, mine=False),
-            last_ms=_last_ms(g2), exact_span=EXACT_SPAN_US, **modes)
+            last_ms=_last_ms(g2), incr="nil", exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
         digits = sliding_window_digits(p1)
         if p1 < 2**24:
@@ -276,8 +276,8 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
             i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack,
-            read_own=_read_own_digits(digits, p2, 10**digits), last_ms=_last_ms(p2), exact_span=EXACT_SPAN_US,
-            **modes)
+            read_own=_read_own_digits(digits, p2, 10**digits), last_ms=_last_ms(p2),
+            incr=f"fmt('%d{'0' * digits}', delta)", exact_span=EXACT_SPAN_US, **modes)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 

@@ -31,7 +31,8 @@
 --                         it as an integer; d is the most the rule's limit leaves room for, and
 --                         any rule reads any d: a changed limit keeps the counts);
 --                         "window:current:previous" when limit >= 2^24; expires with the next window
---                         (set by a window's first write, kept by its later ones: KEEPTTL)
+--                         (set by a window's first write, kept by its later ones: INCRBY of the
+--                         pair's change, or SET KEEPTTL of the string)
 --   sliding_log           sorted set, one member per admitted unit, scored by its time
 --   token_bucket, gcra    the time the bucket is full again (theoretical arrival time), in µs; the
 --                         key expires then. (Before, on Redis 7, the value held only the rest below
@@ -208,7 +209,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   local wid = (now - elapsed) / @window
   -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired);
   -- mine: the state is in a layout this script writes, with its window (its key's expiry is the
-  -- one this script sets: the 19-digit value of the file's script, the string of either)
+  -- one this script sets): 1 the 19-digit value of the file's script, true the string of either
   local rel, sc, sp, exact, mine = nil, 0, 0, true, false
   if v then
     local num, lo
@@ -297,10 +298,18 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       if cost ~= 0 and @charge then
         local c = cur + cost
         if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
-        -- b@i false: the state read is this window's, written by a script with this window, so
-        -- its key already expires with the next one: the write keeps that (KEEPTTL, a fraction of
-        -- what setting an expiry costs Redis)
-        a@i, b@i = @pack_state, (rel ~= 0 or future or not checked or not mine) and @last_ms
+        if rel ~= 0 or future or not checked or not mine then
+          a@i, b@i = @pack_state, @last_ms   -- SET, the key's expiry set with it
+        elseif mine == 1 then
+          -- this window's 19-digit value of this script: only its pair moves (prev is sp), by
+          -- INCRBY, which updates the integer in place and keeps the key's expiry, already the
+          -- next window's end (@incr: the change times 10^d, by its digits)
+          local s0, s1 = sc + sp, c + prev
+          local delta = (s1 * (s1 + 1) - s0 * (s0 + 1)) / 2
+          if delta ~= 0 then a@i, b@i = @incr, true end
+        else
+          a@i, b@i = @pack_state, false      -- this window's string: SET, the expiry kept (KEEPTTL)
+        end
       end
     else
       local r
@@ -336,7 +345,14 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 
 --@@ sliding_window_write
   if a@i then
-    if b@i then call('SET', KEYS[@i], a@i, 'PXAT', fmt('%d', b@i)) else call('SET', KEYS[@i], a@i, 'KEEPTTL') end
+    if b@i == true then
+      -- INCRBY refuses a value that only looked like the layout (not ours): it is dropped
+      if type(redis.pcall('INCRBY', KEYS[@i], a@i)) == 'table' then call('DEL', KEYS[@i]) end
+    elseif b@i then
+      call('SET', KEYS[@i], a@i, 'PXAT', fmt('%d', b@i))
+    else
+      call('SET', KEYS[@i], a@i, 'KEEPTTL')
+    end
   end
 
 --@@ sliding_log
