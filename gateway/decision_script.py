@@ -125,10 +125,14 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         mosts.append(most)
         index += 1 if packed else 2
     peek_lua = "true" if peek else "false"
+    delays = any(spec.algorithm == "leaky_bucket" and not spec.shadow for spec in specs)
     parts = [FRAGMENTS["head"].substitute(
         keys=", ".join(f"KEYS[{i}]" for i in range(1, n + 1)),
-        slots=", ".join("0" for _ in range(index - 1)),
+        slots=", ".join(["0" if delays else "1"] + ["0"] * (index - 2)),
+        delay_local=", delay" if delays else "", delay_zero=", 0" if delays else "",
     )]
+    if any(spec.algorithm == "sliding_window" for spec in specs):
+        parts.append(FRAGMENTS["locals_sliding_window"].substitute())
     at_param: dict[int, int] = {}  # rule -> where its numbers start in P
     if overridden:
         parts.append(FRAGMENTS["override_params"].substitute(format="<" + "d" * (PARAMS * len(overridden))))
@@ -139,15 +143,74 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
                  else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
         given = _given(at_param.get(i - 1))
         parts.append(_rule(i, spec, peek_lua, n, given))
-        parts.append(FRAGMENTS["verdict"].substitute(
-            i=i, shadow="true" if spec.shadow else "false", most=given.get("most", most), reply=reply))
+        parts.append(_verdict(i, spec, given.get("most", most), reply))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
         writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
         parts.extend(repairs)
         parts.append("if not refused then\n" + "".join(writes) + "end\n")
-    parts.append(FRAGMENTS["tail"].substitute())
-    return "".join(parts), Layout(tuple(slots))
+    parts.append(FRAGMENTS["tail"].substitute(
+        admitted="else\n  out[1] = (delay + (-delay) % 1000) / 1000 * 2 + 1" if delays else ""))
+    return _simplified("".join(parts)), Layout(tuple(slots))
+
+
+def _simplified(source: str) -> str:
+    """The script without the tests of constants its fragments leave (`@force` false in a
+    condition, `@charge` true): Lua compiles no constant conditions away, and runs every line."""
+    for constant, gone in ((" or false then", " then"), (" and true then", " then"), (" or false or ", " or "),
+                           (" or false)", ")")):
+        source = source.replace(constant, gone)
+    return source
+
+
+def _verdict(i: int, spec: RuleSpec, most: int | str, reply: str) -> str:
+    """The rule's part of the reply: a shadow rule never refuses; only a leaky bucket delays; only a
+    quota without period has no reset (-1: rs 0)."""
+    never_resets = spec.algorithm == "quota" and spec.p2 == 0
+    rs = "0" if never_resets else "(reset + (-reset) % 1000) / 1000 + 1"
+    reply = reply.replace(" + rs)", ")").replace(" * 1)", ")") if never_resets else reply
+    if spec.shadow:
+        return FRAGMENTS["verdict_shadow"].substitute(most=most, rs=rs, reply=reply)
+    delay = "  elseif wait > delay then\n    delay = wait" if spec.algorithm == "leaky_bucket" else ""
+    return FRAGMENTS["verdict"].substitute(i=i, most=most, rs=rs, reply=reply, delay=delay)
+
+
+def _last_ms(window: int | str) -> str:
+    """Lua: the last millisecond of the window after the current one (number `wid`)."""
+    if isinstance(window, int) and window % 1000 == 0:
+        return f"((wid + 2) * {window // 1000} - 1)"
+    return f"(((wid + 2) * {window} + (-(wid + 2) * {window}) % 1000) / 1000 - 1)"
+
+
+def _read_own_digits(digits: int, window: int | str, modulus: int, mine: bool = True) -> str:
+    """Lua reading a sliding window's 19-digit value `v`: its d, and when d is this rule's own, all
+    its digits by one string.byte (no substring, no strtod), the pair's and the window number's in
+    turn. Only where the pair's digits add up below 2^53 before the '0's are taken off (d >= 3);
+    else every d takes the general path. `mine`: the value is this script's own layout (not in an
+    override's script, which reads the file's value but writes its own)."""
+    if digits < 3:
+        return "      local d = byte(v) - 48\n      if false then"
+    names = [f"c{k}" for k in range(1, 20)]
+
+    def number(digit_names: list[str]) -> str:
+        expr = digit_names[0]
+        for name in digit_names[1:]:
+            expr = f"({expr}) * 10 + {name}" if expr != digit_names[0] else f"{expr} * 10 + {name}"
+        return f"{expr} - {48 * int('1' * len(digit_names))}"
+
+    exact = (str(modulus * window >= EXACT_SPAN_US).lower() if isinstance(window, int)
+             else f"{modulus} * {window} >= {EXACT_SPAN_US}")
+    return "\n".join([
+        f"      local {', '.join(names)} = byte(v, 1, 19)",
+        "      local d = c1 - 48",
+        f"      if d == {digits} then   -- this rule's own d",
+        f"        num, lo = {number(names[1:19 - digits])}, {number(names[19 - digits:])}",
+        f"        if num >= 0 and lo >= 0 and lo < {modulus} then",
+        f"          rel, exact, mine = (wid - lo) % {modulus}, {exact}, {1 if mine else 'false'}",
+        "        else",
+        "          num = nil",
+        "        end",
+    ])
 
 
 def _lua(value: bool) -> str:
@@ -182,9 +245,11 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
     if algorithm in BUCKET_ALGORITHMS:
         _, most_ahead = _most_and_longest(spec)
         read = FRAGMENTS["bucket_read"].substitute(i=i, most_ahead=given.get("most_ahead", most_ahead)).rstrip("\n")
-        queue = 1 if algorithm == "leaky_bucket" else 0
-        return FRAGMENTS["bucket"].substitute(i=i, burst=g1, step=g2, span=given.get("span", p1 * p2), queue=queue,
-                                              read_state=read, **modes)
+        leaky = algorithm == "leaky_bucket"
+        return FRAGMENTS["bucket"].substitute(
+            i=i, burst=g1, step=g2, span=given.get("span", p1 * p2), read_state=read,
+            plus_queue=" + 1" if leaky else "", minus_queue=" - 1" if leaky else "",
+            wait_local=", wait" if leaky else "", admit="ok, wait = true, ahead" if leaky else "ok = true", **modes)
     if algorithm == "quota" and p2 == 0:
         return FRAGMENTS["quota"].substitute(i=i, limit=g1, **modes)
     if algorithm == "concurrency":
@@ -197,20 +262,22 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
         # long and never read as the packed format), which the file's script reads too
         digits = sliding_window_digits(p1)  # the file's script's (any is read: the value says its own)
         return FRAGMENTS["sliding_window"].substitute(
-            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev), last_ms",
-            float_slack=given["float_slack"], digits=digits, modulus=10**digits, exact_span=EXACT_SPAN_US, **modes)
+            i=i, limit=g1, window=g2, peek=peek, pack_state="fmt('%020d:%d:%d', wid, c, prev)",
+            float_slack=given["float_slack"], read_own=_read_own_digits(digits, g2, 10**digits, mine=False),
+            last_ms=_last_ms(g2), incr="nil", exact_span=EXACT_SPAN_US, **modes)
     if algorithm == "sliding_window":
         digits = sliding_window_digits(p1)
         if p1 < 2**24:
             pack = (f"fmt('{digits}%0{18 - digits}d%0{digits}d', (c + prev) * (c + prev + 1) / 2 + prev, "
-                    f"wid % {10 ** digits}), last_ms")
+                    f"wid % {10 ** digits})")
         else:
-            pack = "fmt('%d:%d:%d', wid, c, prev), last_ms"
+            pack = "fmt('%d:%d:%d', wid, c, prev)"
         # floats lose exactness past 2^52: a retry rounded up by their step stays honest
         slack = math.ceil(p1 * p2 / 2**51) if p1 * p2 > 2**52 else 0
         return FRAGMENTS["sliding_window"].substitute(
-            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack, digits=digits,
-            modulus=10**digits, exact_span=EXACT_SPAN_US, **modes)
+            i=i, limit=p1, window=p2, peek=peek, pack_state=pack, float_slack=slack,
+            read_own=_read_own_digits(digits, p2, 10**digits), last_ms=_last_ms(p2),
+            incr=f"fmt('%d{'0' * digits}', delta)", exact_span=EXACT_SPAN_US, **modes)
     assert algorithm == "sliding_log", algorithm
     return FRAGMENTS["sliding_log"].substitute(i=i, limit=g1, window=g2, **modes)
 
@@ -235,6 +302,8 @@ def _write(i: int, spec: RuleSpec, n: int, given: dict[str, str] | None = None) 
         return FRAGMENTS["sliding_log_write"].substitute(i=i, window=(given or {}).get("p2", spec.p2))
     if spec.algorithm == "quota" and spec.p2 == 0:
         return FRAGMENTS["quota_write"].substitute(i=i)
+    if spec.algorithm == "sliding_window":
+        return FRAGMENTS["sliding_window_write"].substitute(i=i)
     return FRAGMENTS["set_until"].substitute(i=i, value=f"a{i}", until=f"b{i}")
 
 

@@ -31,6 +31,8 @@
 --                         it as an integer; d is the most the rule's limit leaves room for, and
 --                         any rule reads any d: a changed limit keeps the counts);
 --                         "window:current:previous" when limit >= 2^24; expires with the next window
+--                         (set by a window's first write, kept by its later ones: INCRBY of the
+--                         pair's change, or SET KEEPTTL of the string)
 --   sliding_log           sorted set, one member per admitted unit, scored by its time
 --   token_bucket, gcra    the time the bucket is full again (theoretical arrival time), in µs; the
 --                         key expires then. (Before, on Redis 7, the value held only the rest below
@@ -39,6 +41,9 @@
 --   leaky_bucket          the same, as the time the queue is empty
 -- A decision of rules that all admit makes TIME, one MGET and one write per rule: what a rule needs
 -- to tell its state is in the value, never in the key's TTL, but where noted below.
+-- What the script's parts cost Redis (callgrind, 6.2): string.format ~2k instructions, tonumber
+-- ~2k (it runs strtod twice), string.sub ~1k, a Lua operation ~40; setting a key's expiry costs
+-- more than the SET that carries it.
 -- Bucket intervals are whole microseconds (1e6/rate rounded up: never more than the rate), so the
 -- arithmetic is exact and a burst is a burst. Numbers go to redis.call as strings made by
 -- fmt('%d'): Redis prints a Lua number with '%.17g', several thousand instructions each (callgrind).
@@ -46,17 +51,17 @@
 -- within one window or burst period (a repair write, done whatever the outcome, never when peeking).
 
 --@@ head
-local call, try, KEYS, ARGV = redis.call, redis.pcall, KEYS, ARGV
-local tonumber, type, floor, ceil, sqrt = tonumber, type, math.floor, math.ceil, math.sqrt
-local fmt = string.format
+-- only what every decision uses is made local here (a global read costs a table lookup, and a
+-- script pays for every line it runs): the rest is read where used, or made local by a rule's
+-- `locals` fragment below when its kind of rule is in the script
+local call, KEYS, ARGV, tonumber, fmt = redis.call, KEYS, ARGV, tonumber, string.format
 local t = call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- integer division by arithmetic, not math.floor/ceil: a library call costs more than the line
 -- around it. For integers x and d: floor(x / d) = (x - x % d) / d, ceil(x / d) = (x + (-x) % d) / d
-local now_ms = (now - now % 1000) / 1000
 local values = call('MGET', @keys)   -- false for a missing key (or one that is not a string)
 local out = {@slots}
-local refused, by, worst, delay = false, 0, 0, 0
+local refused, by, worst@delay_local = false, 0, 0@delay_zero
 
 --@@ override_params
 -- per-identity overrides (gateway/overrides.py): in a script of a route with overridden rules, the
@@ -70,47 +75,43 @@ local P = {struct.unpack('@format', ARGV[#ARGV])}
 -- bucket is full again. leaky_bucket (@queue = 1): a queue of @burst behind the one leaving, one
 -- departure every @step µs; state = the time the queue is empty. A request of cost c takes c
 -- departure slots and leaves at the first (wait = ahead).
+-- (@plus_queue, @minus_queue: "+ 1", "- 1" for a leaky bucket, nothing for the others)
 local a@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  local v, cost = values[@i], ARGV[@i]
   cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
-  local ok, retry, wait = false, -1, 0
+  local ok, retry@wait_local = false, -1
 @read_state
   local ahead = tat - now
-  local room = @span - ahead
-  local remaining, reset = (room - room % @step) / @step + @queue, ahead
-  if cost - @queue <= @burst or @force then
-    local need = ahead + (cost - @queue) * @step - @span
+  if cost@minus_queue <= @burst or @force then
+    local need = ahead + (cost@minus_queue) * @step - @span
     if need <= 0 or @force then
-      ok, wait = true, ahead * @queue
+      @admit
       ahead = ahead + cost * @step
       if ahead < 0 then
         ahead = 0                         -- a refund never fills the bucket past full
       elseif @force and ahead > @span then
         ahead = @span                     -- a charge past the room leaves the bucket empty, no more
       end
-      room = @span - ahead
-      remaining = (room - room % @step) / @step + @queue
-      reset = ahead
       if cost ~= 0 and @charge then a@i = now + ahead end
     else
       retry = need
     end
   end
+  -- what is left and when it is full again: after the admission's reservation, if admitted
+  local room = @span - ahead
+  local remaining, reset = (room - room % @step) / @step@plus_queue, ahead
 
 --@@ bucket_read
   -- the time the bucket is full again (the queue empty), no earlier than now
-  local tat = 0
-  if v then
-    tat = tonumber(v) or 0
-    if not (tat >= 0 and tat < 4e18) then tat = 0 end   -- not ours (nan, inf, negative): as absent
-    if tat < 1000 then   -- the earlier format (above): the milliseconds are the key's expiry
-      if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-        local at = call('PEXPIRETIME', key)
-        tat = at > 0 and at * 1000 - tat or 0
-      else
-        tat = 0
-      end
+  local tat = v and tonumber(v) or 0
+  if not (tat >= 1000 and tat < 4e18) then
+    if v and tat >= 0 and tat < 1000 and (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+      -- the earlier format (above): the milliseconds are the key's expiry
+      local at = call('PEXPIRETIME', KEYS[@i])
+      tat = at > 0 and at * 1000 - tat or 0
+    else
+      tat = 0                          -- none, or not ours (nan, inf, negative): as absent
     end
   end
   if tat < now then
@@ -134,12 +135,12 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- fixed_window, or quota with a period: at most @limit in each window of @window µs
 local a@i, b@i, f@i, g@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  local v, cost = values[@i], ARGV[@i]
   cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
-  local ok, retry, wait = false, -1, 0
+  local ok, retry = false, -1
   local count = v and tonumber(v) or 0
   if not (count >= 0 and count < 9e15) then count = 0 end   -- not ours (nan, negative): as absent
-  if count % 1 ~= 0 then count = ceil(count) end
+  if count % 1 ~= 0 then count = math.ceil(count) end
   local stop = now - now % @window + @window
   local reset = stop - now
   local last_ms = (stop + (-stop) % 1000) / 1000 - 1  -- the window's last millisecond: gone at `stop`
@@ -155,8 +156,8 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
         -- refused: make sure the count ends with this window (after a clock step backwards
         -- it would end with a later one). SET, not PEXPIREAT: in the window's last millisecond
         -- PEXPIREAT would delete the key at once, SET ... PXAT keeps it to the end of it
-        local ttl = call('PTTL', key)
-        if ttl < 0 or now_ms + ttl > last_ms + 1 then f@i, g@i = v, last_ms end
+        local ttl = call('PTTL', KEYS[@i])
+        if ttl < 0 or (now - now % 1000) / 1000 + ttl > last_ms + 1 then f@i, g@i = v, last_ms end
       end
     end
   end
@@ -167,7 +168,7 @@ local a@i, b@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local v, cost = values[@i], ARGV[@i]
   cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
-  local ok, retry, wait, reset = false, -1, 0, -1
+  local ok, retry = false, -1
   local count = v and tonumber(v)
   local add = count ~= nil               -- INCRBY the count, or SET it where the value is not ours
   if not count then
@@ -175,7 +176,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   elseif not (count >= 0 and count < 9e15) then
     count, add = 0, false                -- nan, negative: as absent
   elseif count % 1 ~= 0 then
-    count, add = ceil(count), false
+    count, add = math.ceil(count), false
   end
   local remaining = @limit - count
   if (cost <= @limit and count + cost <= @limit) or @force then
@@ -189,8 +190,9 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 
 --@@ quota_write
   if a@i then
-    -- INCRBY refuses an integer it cannot parse ("1e3", "007"): then the count is SET
-    if not b@i or type(try('INCRBY', KEYS[@i], fmt('%d', a@i - (tonumber(values[@i]) or 0)))) == 'table' then
+    -- b@i: the count read is ours and moves by the cost as sent (ARGV[@i], no formatting); INCRBY
+    -- refuses a count or cost it cannot parse as an integer ("1e3", "007"): then the count is SET
+    if not b@i or type(redis.pcall('INCRBY', KEYS[@i], ARGV[@i])) == 'table' then
       call('SET', KEYS[@i], fmt('%d', a@i))
     end
   end
@@ -200,25 +202,29 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 -- by how much of it still overlaps
 local a@i, b@i, f@i, g@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
-  local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
+  local v, cost = values[@i], ARGV[@i]
   cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
-  local ok, retry, wait = false, -1, 0
+  local ok, retry = false, -1
   local elapsed = now % @window
   local wid = (now - elapsed) / @window
-  local stop = (wid + 2) * @window
-  local last_ms = (stop + (-stop) % 1000) / 1000 - 1   -- counts matter until the next window ends
-  -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired)
-  local rel, sc, sp, exact = nil, 0, 0, true
+  -- rel: 0 this window, 1 the last one, 2 or more the future (an older state has expired);
+  -- mine: the state is in a layout this script writes, with its window (its key's expiry is the
+  -- one this script sets): 1 the 19-digit value of the file's script, true the string of either
+  local rel, sc, sp, exact, mine = nil, 0, 0, true, false
   if v then
-    -- 19 digits: d (1..8), the counts' pair in 18 - d digits, the window number mod 10^d in d
-    local d, num, lo = #v == 19 and string.byte(v) - 48
-    if d and d >= 1 and d <= 8 then
-      num, lo = tonumber(string.sub(v, 2, 19 - d)), tonumber(string.sub(v, 20 - d))
-      if num and lo and num >= 0 and lo >= 0 and num % 1 == 0 and lo % 1 == 0 then
-        local m = d == @digits and @modulus or 10 ^ d   -- (written by this rule, or before a change)
-        rel, exact = (wid - lo) % m, m * @window >= @exact_span
-      else
-        num = nil
+    local num, lo
+    if #v == 19 then
+      -- 19 digits: d (1..8), the counts' pair in 18 - d digits, the window number mod 10^d in d;
+      -- @read_own reads the value's d and, when it is this rule's, its digits (one string.byte)
+@read_own
+      elseif d >= 1 and d <= 8 then   -- another d: written before a change of the limit
+        num, lo = tonumber(string.sub(v, 2, 19 - d)), tonumber(string.sub(v, 20 - d))
+        if num and lo and num >= 0 and lo >= 0 and num % 1 == 0 and lo % 1 == 0 then
+          local m = 10 ^ d
+          rel, exact = (wid - lo) % m, m * @window >= @exact_span
+        else
+          num = nil
+        end
       end
     end
     if not rel then
@@ -232,15 +238,18 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       else
         local sw, x, y = string.match(v, '^(%d+):(%d+):(%d+)$')
         if sw then
-          rel, sc, sp = wid - tonumber(sw), tonumber(x), tonumber(y)
+          rel, sc, sp, mine = wid - tonumber(sw), tonumber(x), tonumber(y), true
           if rel < 0 then rel = 2 elseif rel > 1 then rel = nil end
         end
       end
     end
     if num then                        -- cantor(current, previous): the pair, whatever the limit
-      local s = floor((sqrt(8 * num + 1) - 1) / 2)
-      while s * (s + 1) / 2 > num do s = s - 1 end
-      while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
+      local s = (sqrt(8 * num + 1) - 1) / 2
+      s = s - s % 1
+      if num >= 562949953421312 then   -- 2^49: below it (a limit below 2^24) the root is exact
+        while s * (s + 1) / 2 > num do s = s - 1 end
+        while (s + 1) * (s + 2) / 2 <= num do s = s + 1 end
+      end
       sp = num - s * (s + 1) / 2
       sc = s - sp
     end
@@ -250,29 +259,34 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
   -- expiry, beyond the next window's end, tells. Asked where it changes the
   -- answer: a last window's count, a previous count weighted now, or (below) a refusal that could
   -- wedge the key.
-  local future, checked = rel ~= nil and rel >= 2, exact
-  if not exact and (rel == 1 or (rel == 0 and sp > 0)) then
-    local ttl = call('PTTL', key)
-    future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
-  end
-  local cur, prev, room
-  for pass = 1, 2 do
-    if future then
-      cur, prev = sc + sp, 0           -- from the future: all of it counts as used up now
-      if cur > @limit then cur = @limit end
-    elseif rel == 1 then
-      cur, prev = 0, sc
-    elseif rel == 0 then
-      cur, prev = sc, sp
-    else
-      cur, prev = 0, 0
+  -- counts matter until the next window ends: @last_ms is its last millisecond, used where a write
+  -- sets the key's expiry or a TTL is read
+  local cur, prev, future, checked = 0, 0, false, exact
+  if rel == 0 then
+    cur, prev = sc, sp
+    if not exact and sp > 0 then
+      local ttl = call('PTTL', KEYS[@i])
+      future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
     end
-    -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
-    room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
-    if room >= 0 or checked or future or @peek or rel ~= 0 or cost > @limit then break end
-    local ttl = call('PTTL', key)
-    future, checked = ttl < 0 or now_ms + ttl > last_ms + 1, true
-    if not future then break end
+  elseif rel == 1 then
+    prev = sc
+    if not exact then
+      local ttl = call('PTTL', KEYS[@i])
+      future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
+    end
+  elseif rel then
+    future = true                      -- rel 2 or more
+  end
+  -- admitted iff prev * (window - elapsed) / window + cur + cost <= limit, kept in integers
+  local room = (@limit - cur - cost) * @window - prev * (@window - elapsed)
+  if room < 0 and rel == 0 and not (checked or future or @peek) and cost <= @limit then
+    local ttl = call('PTTL', KEYS[@i])   -- a refusal that could wedge the key: is it from the future?
+    future, checked = ttl < 0 or (now - now % 1000) / 1000 + ttl > @last_ms + 1, true
+  end
+  if future then
+    cur, prev = sc + sp, 0             -- from the future: all of it counts as used up now
+    if cur > @limit then cur = @limit end
+    room = (@limit - cur - cost) * @window
   end
   local avail = room + cost * @window
   local remaining = (avail - avail % @window) / @window
@@ -284,14 +298,25 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       if cost ~= 0 and @charge then
         local c = cur + cost
         if c < 0 then c = 0 elseif c > @limit then c = @limit end   -- a charge past the room: spent
-        a@i, b@i = @pack_state
+        if rel ~= 0 or future or not checked or not mine then
+          a@i, b@i = @pack_state, @last_ms   -- SET, the key's expiry set with it
+        elseif mine == 1 then
+          -- this window's 19-digit value of this script: only its pair moves (prev is sp), by
+          -- INCRBY, which updates the integer in place and keeps the key's expiry, already the
+          -- next window's end (@incr: the change times 10^d, by its digits)
+          local s0, s1 = sc + sp, c + prev
+          local delta = (s1 * (s1 + 1) - s0 * (s0 + 1)) / 2
+          if delta ~= 0 then a@i, b@i = @incr, true end
+        else
+          a@i, b@i = @pack_state, false      -- this window's string: SET, the expiry kept (KEEPTTL)
+        end
       end
     else
       local r
       if prev > 0 and cur + cost <= @limit then
         -- later in this window: prev * (window - elapsed - r) <= (limit - cur - cost) * window
         local x = (@limit - cur - cost) * @window
-        local q = floor(x / prev)
+        local q = math.floor(x / prev)
         if q * prev > x then q = q - 1 end
         r = @window - elapsed - q
       end
@@ -300,7 +325,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
         local y = 0
         if cur > 0 then
           local x = (@limit - cost) * @window
-          local q = floor(x / cur)
+          local q = math.floor(x / cur)
           if q * cur > x then q = q - 1 end
           y = @window - q
           if y < 0 then y = 0 end
@@ -315,7 +340,19 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     -- write does the same)
     local c = cur
     prev = 0
-    f@i, g@i = @pack_state
+    f@i, g@i = @pack_state, @last_ms
+  end
+
+--@@ sliding_window_write
+  if a@i then
+    if b@i == true then
+      -- INCRBY refuses a value that only looked like the layout (not ours): it is dropped
+      if type(redis.pcall('INCRBY', KEYS[@i], a@i)) == 'table' then call('DEL', KEYS[@i]) end
+    elseif b@i then
+      call('SET', KEYS[@i], a@i, 'PXAT', fmt('%d', b@i))
+    else
+      call('SET', KEYS[@i], a@i, 'KEEPTTL')
+    end
   end
 
 --@@ sliding_log
@@ -324,7 +361,7 @@ local a@i, b@i, f@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, v, cost = KEYS[@i], values[@i], ARGV[@i]
   cost = cost == '1' and 1 or tonumber(cost)   -- (a cost of 1 without strtod)
-  local ok, retry, wait = false, -1, 0
+  local ok, retry = false, -1
   local count, edge, exists = 0, '(' .. fmt('%d', now - @window), false
   if not v then
     local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
@@ -393,7 +430,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
       local k = 0
       while call('ZADD', key, 'NX', now_s, now_s .. '~' .. (a@i + u) .. '.' .. k) == 0 do k = k + 1 end
     end
-    call('PEXPIREAT', key, fmt('%d', ceil((now + @window) / 1000)))
+    call('PEXPIREAT', key, fmt('%d', math.ceil((now + @window) / 1000)))
   end
 
 --@@ concurrency
@@ -403,7 +440,7 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
 local a@i
 if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which sits out
   local key, cost = KEYS[@i], tonumber(ARGV[@i])
-  local ok, retry, wait, reset = false, -1, 0, 1000000
+  local ok, retry, reset = false, -1, 1000000
   local count = 0
   if not values[@i] then   -- MGET reads a sorted set as missing; a string is another algorithm's
     count = call('ZCOUNT', key, '(' .. fmt('%d', now), '+inf')
@@ -427,32 +464,39 @@ if ARGV[@i] ~= '' then   -- '': the request has no identity for this rule, which
     local until_s, token = fmt('%d', now + @lease), ARGV[@n + 1]
     for u = 1, a@i do call('ZADD', key, until_s, token .. ':' .. u) end
     local last = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')   -- the key lives as long as its last lease
-    call('PEXPIREAT', key, fmt('%d', ceil(tonumber(last[2]) / 1000)))
+    call('PEXPIREAT', key, fmt('%d', math.ceil(tonumber(last[2]) / 1000)))
   end
 
 --@@ verdict
-  -- this rule's part of the reply, and the request's refusal if it refuses
+  -- this rule's part of the reply, and the request's refusal if it refuses; rs: reset_ms + 1
+  -- (@rs: 0 for a rule that never resets)
   local outcome = 0
   if not ok then
-    if @shadow then
-      outcome = 3
-    else
-      outcome = retry < 0 and 2 or 1
-      if not refused or (worst >= 0 and (retry < 0 or retry > worst)) then by, worst = @i, retry end
-      refused = true
-    end
-  elseif wait > delay and not @shadow then
-    delay = wait
+    outcome = retry < 0 and 2 or 1
+    if not refused or (worst >= 0 and (retry < 0 or retry > worst)) then by, worst = @i, retry end
+    refused = true
+@delay
   end
   if not (remaining >= 0) then remaining = 0 elseif remaining > @most then remaining = @most end
-  local rs = reset >= 0 and (reset + (-reset) % 1000) / 1000 + 1 or 0
+  local rs = @rs
   @reply
 end
 
+--@@ verdict_shadow
+  -- a shadow rule's part of the reply: it never refuses nor delays
+  local outcome = ok and 0 or 3
+  if not (remaining >= 0) then remaining = 0 elseif remaining > @most then remaining = @most end
+  local rs = @rs
+  @reply
+end
+
+--@@ locals_sliding_window
+local sqrt, byte = math.sqrt, string.byte
+
 --@@ tail
+-- (admitted: delay_ms * 2 + 1; in a script without a rule that delays, out[1] starts as 1)
 if refused then
   out[1] = ((worst < 0 and 0 or (worst + (-worst) % 1000) / 1000 + 1) * 256 + by) * 2
-else
-  out[1] = (delay + (-delay) % 1000) / 1000 * 2 + 1
+@admitted
 end
 return out

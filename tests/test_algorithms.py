@@ -251,6 +251,19 @@ def test_an_exhausted_quota_without_period_never_comes_back(engine: Engine) -> N
     assert engine.client.pttl(key) == -1
 
 
+def test_a_sliding_windows_key_expires_when_the_next_window_ends_however_it_was_written(engine: Engine) -> None:
+    """The first write of a window sets the key's expiry to the end of the next window; the
+    window's later writes keep it (KEEPTTL) and the next window's first write moves it on."""
+    for limit in (10, 100_000, 2**24):  # the 19-digit value (two d's) and the string
+        rule = Rule("r", (), "sliding_window", limit=limit, window=1.0)
+        [key] = fresh_keys(1)
+        for t in (T0 + 1_000, T0 + 400_017, T0 + 999_999, T0 + 1_000_005, T0 + 1_700_000, T0 + 3_200_000):
+            engine.at(t)
+            assert engine.decide([rule], [key], [1]).admitted
+            next_window_ends = (t // 1_000_000 + 2) * 1_000_000
+            assert engine.client.pttl(key) == next_window_ends // 1000 - 1 - t // 1000, (limit, t)
+
+
 # --- routes: all or nothing, shadow ----------------------------------------------------------------
 
 def raw_state(engine: Engine, keys: list[str]) -> list[tuple[bytes | None, int]]:

@@ -307,7 +307,10 @@ def test_a_fractional_count_written_by_someone_else_reports_whole_units(engine: 
     assert not refused.admitted and refused.rules[0].outcome is Outcome.NEVER_FITS
 
 
-GARBAGE = ["2.5", "-3", "abc", "nan", "inf", "1e3", "99999999999999999999", ""]
+# (19 characters led by a digit: a sliding window's layout, its digits read one by one for its own d)
+GARBAGE = ["2.5", "-3", "abc", "nan", "inf", "1e3", "99999999999999999999", "",
+           "8" + "z" * 18, "8" + " " * 18, "8" + "9" * 18, "7" + "/" * 18, "3" + "." * 18,
+           "8000000000:80000000"]  # read as this window's counts at T0 (":" a digit of 10): INCRBY refuses it
 
 
 @pytest.mark.parametrize("rule", [
