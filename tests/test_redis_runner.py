@@ -120,8 +120,8 @@ def test_a_paused_redis_costs_a_decision_no_more_than_the_timeout() -> None:
             # lets calls through again, each gets its own reply
             await asyncio.sleep(limiter.breaker.open_for)
             assert (await limiter.decide(QUOTA, [_key()], [1])).admitted
-            out = await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(20)])
-            assert all(decision.admitted for decision in out)
+            again = await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(20)])
+            assert all(decision.admitted for decision in again)
             await limiter.close()
             return waited
 
