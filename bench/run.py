@@ -518,7 +518,8 @@ def low_load(running: Running, label: str, prefix: str, connections: list[int], 
     servers = [running.process.pid, *descendants(running.process.pid)]
     for load in loads:
         wait_quiet(0.3, longest=5)
-        with alone(servers if load.connections in connections else [], shared) as cpus:
+        pinned = alone(servers, shared) if load.connections in connections else contextlib.nullcontext(None)
+        with pinned as cpus:
             r = measure(Running(at, running.process), load, shared, redis_port, cpus)
         out[str(load.connections)] = {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "rps": r["rps"],
                                       "cpu_us_per_request": r["proxy_cpu_us_per_request"],
@@ -533,10 +534,7 @@ def round_trips(url: str, seconds: float, redis_pid: int) -> dict[str, float]:
     client on the last CPU and Redis on the others, as the gateway's worker at low load."""
     cpus = sorted(os.sched_getaffinity(0))
     pin = (lambda: os.sched_setaffinity(0, {cpus[-1]})) if len(cpus) > 1 else None
-    with contextlib.ExitStack() as stack:
-        if len(cpus) > 1:
-            os.sched_setaffinity(redis_pid, set(cpus[:-1]))
-            stack.callback(os.sched_setaffinity, redis_pid, set(cpus))
+    with alone([], {"redis": [redis_pid]}):
         done = subprocess.run([sys.executable, str(BENCH / "redis_client.py"), "--url", url, "--round-trips",
                                str(seconds)], capture_output=True, text=True, timeout=seconds + 60, check=True,
                               preexec_fn=pin)
@@ -625,7 +623,10 @@ def worker_alone(running: Running, shared: dict[str, list[int]]) -> Iterator[set
     sites looked twice as costly as perf's on-CPU count. Alone on its CPU it is not preempted.
     Yields the CPUs for wrk (None: fewer than 2 CPUs, nothing pinned).
     """
-    with alone([running.profile_pid] if running.profile_pid is not None else [], shared) as cpus:
+    if running.profile_pid is None:
+        yield None
+        return
+    with alone([running.profile_pid], shared) as cpus:
         yield cpus
 
 
@@ -633,7 +634,7 @@ def worker_alone(running: Running, shared: dict[str, list[int]]) -> Iterator[set
 def alone(pids: list[int], shared: dict[str, list[int]]) -> Iterator[set[int] | None]:
     """`pids` on the last CPU, the `shared` processes on the others; yields the others (for wrk)."""
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2 or not pids:
+    if len(cpus) < 2:
         yield None
         return
     mine, rest = {cpus[-1]}, set(cpus[:-1])

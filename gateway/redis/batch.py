@@ -121,8 +121,8 @@ class Batcher:
         if not self._pending:
             self._deadline = loop.time() + self.timeout
         self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
-        if (self._next is None or self._next.done()) and len(self._in_flight) < self.max_batches:
-            self._start(loop)  # (a next task done before its first step was cancelled with its loop)
+        if self._next is None and len(self._in_flight) < self.max_batches:
+            self._start(loop)
         return future
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
