@@ -5,7 +5,7 @@
    limiter_models.py) give without it, for every algorithm, alone and in routes of several rules;
    an answer from memory is the model's refusal (its rule, remaining, and a retry and reset that
    count down, at most 1 ms above the model's).
-2. End to end: a request a held refusal covers never reaches Redis (INFO commandstats); an admin
+2. End to end: a request a held refusal covers never reaches Redis (its MONITOR feed); an admin
    reset makes the next request admitted at once; and where memory must not answer (a cheaper
    request, a cost from a header, a leaky_bucket, a rule sitting out, a shadow rule, a quota without
    period, a reload) the request goes to Redis.
@@ -36,6 +36,7 @@ from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys,
 from tests.support.limiter_models import Route
 from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess, binaries
+from tests.support.script_feed import decisions
 from tests.support.upstream import Upstream
 from tests.test_algorithms import ALGORITHMS, period_us, rules
 
@@ -346,17 +347,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, own_redis: RedisProcess,
     proc.start()
     yield proc
     assert proc.stop() == 0
-
-
-def decisions(redis: RedisProcess) -> int:
-    """Decisions the Redis has run: EVALSHA calls that did not fail (NOSCRIPT), and EVAL calls."""
-    client = redis.client()
-    try:
-        stats = client.info("commandstats")
-    finally:
-        client.close()
-    evalsha, eval_ = stats.get("cmdstat_evalsha", {}), stats.get("cmdstat_eval", {})
-    return int(evalsha.get("calls", 0)) - int(evalsha.get("failed_calls", 0)) + int(eval_.get("calls", 0))
 
 
 def metric(gateway: GatewayProcess, sample: str) -> float:
