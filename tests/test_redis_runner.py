@@ -119,7 +119,7 @@ def test_a_paused_redis_costs_a_decision_no_more_than_the_timeout() -> None:
             # the batches cut short left the connection closed, never half-read: once the breaker
             # lets calls through again, each gets its own reply
             await asyncio.sleep(limiter.breaker.open_for)
-            assert (await limiter.decide(QUOTA, [_key()], [1])).admitted
+            assert await _served_again(limiter)
             again = await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(20)])
             assert all(decision.admitted for decision in again)
             await limiter.close()
@@ -127,7 +127,9 @@ def test_a_paused_redis_costs_a_decision_no_more_than_the_timeout() -> None:
 
         waited = asyncio.run(main())
         print("waited (s):", [round(w, 4) for w in waited])
-        assert max(waited) < 0.05 + 0.03, waited  # the budget, and a loop tick or two
+        # the budget and some slack for a busy machine; a call waiting for the hung batch would wait
+        # for ever, one bounded by redis-py's socket timeouts for seconds
+        assert max(waited) < 0.05 + 0.25, waited
     finally:
         proc.stop()
 
@@ -255,10 +257,10 @@ def test_calls_that_wait_out_their_budget_behind_a_hung_batch_fail_and_the_runne
                 started = time.perf_counter()
                 done = await asyncio.wait_for(asyncio.gather(first, behind, return_exceptions=True), 2.0)
                 assert all(isinstance(e, RedisTimeout) for e in done), done
-                assert time.perf_counter() - started < 0.05 + gap + 0.05
+                assert time.perf_counter() - started < 0.5  # at their own deadlines, not the hung batch's end
         finally:
             os.kill(pid, signal.SIGCONT)
-        assert (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
+        assert await _served_again(limiter)
         await limiter.close()
 
     try:
@@ -283,10 +285,24 @@ def test_a_batch_whose_deadline_passes_before_it_starts_fails_in_time_and_the_ne
             time.sleep(0.1)  # noqa: ASYNC251 (... and the loop is held past the call's deadline)
             with pytest.raises(RedisTimeout):
                 await asyncio.wait_for(call, 2.0)
-            assert (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
+            assert await _served_again(limiter)
         await limiter.close()
 
     _run_bounded(main(), loop_factory)
+
+
+async def _served_again(limiter: Limiter) -> bool:
+    """The runner serves again: a call admitted. Its budget is 50 ms, which a busy machine can
+    spend reconnecting, so a call that times out is followed by another; a wedged runner answers
+    none of them (asyncio's TimeoutError, not RedisTimeout)."""
+    for _ in range(20):
+        try:
+            return (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
+        except RedisTimeout:
+            continue
+        except BreakerOpen:  # a timeout too many: the breaker lets a probe through after open_for
+            await asyncio.sleep(limiter.breaker.open_for)
+    return False
 
 
 def _run_bounded(main: Coroutine[Any, Any, None], loop_factory: str) -> None:
