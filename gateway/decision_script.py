@@ -138,12 +138,9 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
         parts.append(FRAGMENTS["override_params"].substitute(format="<" + "d" * (PARAMS * len(overridden))))
         at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
-        at = at0 + 1
-        reply = (f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome" if radix
-                 else f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome")
         given = _given(at_param.get(i - 1))
         parts.append(_rule(i, spec, peek_lua, n, given))
-        parts.append(_verdict(i, spec, given.get("most", most), reply))
+        parts.append(_verdict(i, spec, given.get("most", most), at0 + 1, radix))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
         writes = [_write(i, spec, n, _given(at_param.get(i - 1))) for i, spec in enumerate(specs, start=1)]
@@ -163,12 +160,18 @@ def _simplified(source: str) -> str:
     return source
 
 
-def _verdict(i: int, spec: RuleSpec, most: int | str, reply: str) -> str:
-    """The rule's part of the reply: a shadow rule never refuses; only a leaky bucket delays; only a
-    quota without period has no reset (-1: rs 0)."""
+def _verdict(i: int, spec: RuleSpec, most: int | str, at: int, radix: int) -> str:
+    """The rule's part of the reply, at out[at] (packed by `radix`) or out[at], out[at + 1]: a
+    shadow rule never refuses; only a leaky bucket delays; only a quota without period has no reset
+    (-1: rs 0, and packed its radix is 1)."""
     never_resets = spec.algorithm == "quota" and spec.p2 == 0
     rs = "0" if never_resets else "(reset + (-reset) % 1000) / 1000 + 1"
-    reply = reply.replace(" + rs)", ")").replace(" * 1)", ")") if never_resets else reply
+    if not radix:
+        reply = f"out[{at}], out[{at + 1}] = remaining, rs * 4 + outcome"
+    elif never_resets:
+        reply = f"out[{at}] = remaining * 4 + outcome"
+    else:
+        reply = f"out[{at}] = (remaining * {radix} + rs) * 4 + outcome"
     if spec.shadow:
         return FRAGMENTS["verdict_shadow"].substitute(most=most, rs=rs, reply=reply)
     delay = "  elseif wait > delay then\n    delay = wait" if spec.algorithm == "leaky_bucket" else ""
