@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -61,6 +62,12 @@ class ScriptRunner(Protocol):
         key's slot in a Cluster (so one dead primary opens only its slots' breakers)."""
         ...
 
+    async def prepare(self, key: str, scripts: Sequence[Script], timeout: float) -> None:
+        """The breaker's probe for `key`'s failure domain, off every request's path: connect, load
+        `scripts` and see Redis answer within `timeout`, leaving the connection ready for the next
+        call. Raises a gateway.errors.RedisUnavailable subclass."""
+        ...
+
     async def ping(self) -> None: ...
 
     async def delete(self, key: str) -> bool: ...
@@ -108,12 +115,17 @@ class Limiter:
         breaker: Breaker | None = None,
         observe: Callable[[float, bool], None] | None = None,
         on_breaker: Callable[[BreakerState], None] | None = None,
+        on_open_time: Callable[[float], None] | None = None,
+        probe_timeout: float = 1.0,
     ) -> None:
         self.runner = runner
         self.breaker = breaker or Breaker()  # the one of the default domain, and the others' model
         self.breakers: dict[int, Breaker] = {}  # per failure domain (a Cluster slot)
         self.observe = observe
         self.on_breaker = on_breaker
+        self.on_open_time = on_open_time  # seconds a breaker spent open, reported as they pass
+        self.probe_timeout = probe_timeout  # the probe's own budget: connect, load scripts, answer
+        self._probes: dict[int | None, asyncio.Task[None]] = {}  # per open breaker's domain
         self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
         # routes with overridden rules (gateway/overrides.py): one script per shape, numbers in ARGV
         self.shapes: dict[tuple[tuple[RuleSpec, ...], frozenset[int], bool], DecisionScript] = {}
@@ -169,22 +181,61 @@ class Limiter:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
             if breaker.record_failure():
-                log.warning("Redis unavailable%s (%s): breaker open for %.1fs; routes follow their "
-                            "failure_mode until it answers again", _where(domain), exc, breaker.open_for)
-                if self.on_breaker:
-                    self.on_breaker(self.breaker_state)
+                log.warning("Redis unavailable%s (%s): breaker open; routes follow their failure_mode "
+                            "until a probe sees it answer (every %.1fs)", _where(domain), exc, breaker.open_for)
+                self._opened(breaker, domain, keys[0])
             raise
-        if breaker.state is not BreakerState.CLOSED:
-            log.warning("Redis answers again%s: breaker closed, limits apply", _where(domain))
-            breaker.record_success()
-            if self.on_breaker:
-                self.on_breaker(self.breaker_state)
-        else:
-            breaker.record_success()
+        breaker.record_success()
         if self.observe:
             self.observe(time.perf_counter() - started, True)
         assert isinstance(reply, list)
         return parse_reply(reply, found.layout, costs)
+
+    def _opened(self, breaker: Breaker, domain: int | None, key: str) -> None:
+        if self.on_breaker:
+            self.on_breaker(self.breaker_state)
+        probe = self._probes.get(domain)
+        if probe is None or probe.done():
+            self._probes[domain] = asyncio.get_running_loop().create_task(self._probe(breaker, domain, key))
+
+    async def _probe(self, breaker: Breaker, domain: int | None, key: str) -> None:
+        """Ask Redis every `open_for` seconds, with a budget of its own and no request waiting on
+        it, until it answers; then close the breaker. Connecting and loading the scripts happen
+        here, so the first requests after it cost one round trip, as before the failure."""
+        attempts = 0
+        while True:
+            await asyncio.sleep(breaker.open_for)
+            breaker.probing()
+            self._report(breaker)
+            attempts += 1
+            try:
+                await self.runner.prepare(key, self._known_scripts(), self.probe_timeout)
+            except RedisUnavailable as exc:
+                breaker.probe_failed()
+                self._report(breaker)
+                log.info("Redis still unavailable%s (%s): probe %d failed", _where(domain), exc, attempts)
+                continue
+            if self.on_open_time:
+                self.on_open_time(breaker.open_time())
+            spent = breaker.close()
+            log.warning("Redis answers again%s: breaker closed after %.1fs, limits apply",
+                        _where(domain), spent)
+            if self.on_breaker:
+                self.on_breaker(self.breaker_state)
+            return
+
+    def _report(self, breaker: Breaker) -> None:
+        if self.on_open_time:
+            self.on_open_time(breaker.open_time())
+        if self.on_breaker:
+            self.on_breaker(self.breaker_state)
+
+    def _known_scripts(self) -> list[Script]:
+        """Every script this limiter has run, for the probe to load before requests need them."""
+        scripts = {found.script.sha: found.script for found in self.scripts.values()}
+        scripts.update((found.script.sha, found.script) for found in self.shapes.values())
+        scripts[LEASES.sha] = LEASES
+        return list(scripts.values())
 
     def _script(self, specs: tuple[RuleSpec, ...], peek: bool) -> DecisionScript:
         if all(spec.base is None for spec in specs):
@@ -227,4 +278,7 @@ class Limiter:
         return await self.runner.delete(key)
 
     async def close(self) -> None:
+        for probe in self._probes.values():
+            probe.cancel()
+        self._probes.clear()
         await self.runner.close()

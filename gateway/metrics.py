@@ -89,6 +89,11 @@ BREAKER = Gauge(
     "Worst over workers.",
     multiprocess_mode="max",
 )
+BREAKER_OPEN = Counter(
+    "gateway_redis_breaker_open_seconds_total",
+    "Seconds the Redis circuit breaker spent open (limits not applied: routes followed their "
+    "failure_mode), summed over workers and failure domains; it grows while the breaker is open.",
+)
 UPSTREAM_LATENCY = Histogram(
     "gateway_upstream_latency_seconds",
     "Time from sending a request upstream to its response headers, by upstream.",

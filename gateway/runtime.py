@@ -19,7 +19,7 @@ from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.match import Router
 from gateway.overrides import RouteTable
 from gateway.proxy import UpstreamClient
-from gateway.redis import make_runner
+from gateway.redis import CONNECT_TIMEOUT, make_runner
 from gateway.refusals import LocalRefusals
 from gateway.repeats import Repeats
 from gateway.settlement import Settler
@@ -117,7 +117,8 @@ class Runtime:
 
 def new_limiter(redis: RedisSettings) -> Limiter:
     """A limiter on `redis`, reporting its latency and breaker state to the metrics."""
-    return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed)
+    return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed,
+                   on_open_time=metrics.BREAKER_OPEN.inc, probe_timeout=max(CONNECT_TIMEOUT, 4 * redis.timeout))
 
 
 def _observe_redis(seconds: float, ok: bool) -> None:

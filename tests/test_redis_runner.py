@@ -20,7 +20,7 @@ from gateway.embedded import EmbeddedRedis
 from gateway.errors import BreakerOpen, RedisConnectionFailed, RedisErrorReply, RedisTimeout, RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Decision, Limiter, rule_spec
-from gateway.redis import PipelineRunner, make_runner
+from gateway.redis import CONNECT_TIMEOUT, PipelineRunner, make_runner
 from gateway.redis.connections import HiredisPacking
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
@@ -183,7 +183,9 @@ def test_every_url_gets_connections_that_pack_with_hiredis(url: str, db: int) ->
     pool = runner.client.connection_pool
     assert issubclass(pool.connection_class, HiredisPacking)
     assert pool.connection_kwargs["db"] == db
-    assert pool.connection_kwargs["socket_connect_timeout"] == 0.05
+    # connecting is bounded by the probe's budget, not a decision's (a decision's connect is bounded
+    # by its batch's deadline)
+    assert pool.connection_kwargs["socket_connect_timeout"] == CONNECT_TIMEOUT
     packed = pool.make_connection().pack_command(b"EVALSHA", b"ab", 1, "k", 7)  # type: ignore[no-untyped-call]
     assert packed == [b"*5\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$1\r\n7\r\n"]
 
@@ -270,11 +272,14 @@ def test_calls_that_wait_out_their_budget_behind_a_hung_batch_fail_and_the_runne
 
 
 @pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
-def test_a_batch_whose_deadline_passes_before_it_starts_fails_in_time_and_the_next_one_runs(
-        redis_proc: RedisProcess, loop_factory: str) -> None:
-    """The loop stalls (a long pause, a starved CPU) between a call being queued and its batch's
-    first step, past the call's budget. uvloop then runs due timers before that step: the call
-    must still fail with RedisTimeout, not wait for ever, and the next call must be served."""
+@pytest.mark.parametrize("held", ["before the batch starts", "while the reply waits"])
+def test_a_loop_held_past_the_budget_while_redis_answers_costs_no_timeout(
+        redis_proc: RedisProcess, loop_factory: str, held: str) -> None:
+    """The loop stalls (a saturated worker, a starved CPU) past a call's budget, either between the
+    call being queued and its batch's first step, or after the batch was sent while Redis's reply
+    sits in the socket. uvloop then runs the due timer before that step or before it polls the
+    socket. Redis answered in time: the call is served, not failed (issue 27: counting the loop's
+    time failed every decision of a saturated worker and the breaker never closed)."""
     async def main() -> None:
         limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=0.05)),
                           breaker=Breaker(failures_to_open=1_000_000))
@@ -282,13 +287,92 @@ def test_a_batch_whose_deadline_passes_before_it_starts_fails_in_time_and_the_ne
         for _ in range(3):
             call = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
             await asyncio.sleep(0)  # the call is queued and its batch's task created ...
+            if held == "while the reply waits":
+                await asyncio.sleep(0)  # ... the batch's first step writes the call ...
+                await asyncio.sleep(0)
             time.sleep(0.1)  # noqa: ASYNC251 (... and the loop is held past the call's deadline)
-            with pytest.raises(RedisTimeout):
-                await asyncio.wait_for(call, 2.0)
-            assert await _served_again(limiter)
+            assert (await asyncio.wait_for(call, 2.0)).admitted
         await limiter.close()
 
     _run_bounded(main(), loop_factory)
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_a_loop_held_while_redis_does_not_answer_still_times_out(loop_factory: str) -> None:
+    """The other side of the test above: Redis stopped (SIGSTOP) and the loop held past the budget:
+    no reply waits in the socket, so the call fails with RedisTimeout, and calls queued behind the
+    batch that timed out fail without being sent."""
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    try:
+        async def main() -> None:
+            limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=0.05)),
+                              breaker=Breaker(failures_to_open=1_000_000))
+            await limiter.decide(QUOTA, [_key()], [1])
+            os.kill(proc.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            try:
+                first = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+                await asyncio.sleep(0.01)
+                behind = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+                time.sleep(0.1)  # noqa: ASYNC251
+                started = time.perf_counter()
+                for call in (first, behind):
+                    with pytest.raises(RedisTimeout):
+                        await asyncio.wait_for(call, 2.0)
+                assert time.perf_counter() - started < 0.05 + 0.25
+            finally:
+                os.kill(proc.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+            assert await _served_again(limiter)
+            await limiter.close()
+
+        _run_bounded(main(), loop_factory)
+    finally:
+        proc.stop()
+
+
+def test_the_probe_closes_the_breaker_with_the_scripts_loaded_and_no_request_waiting() -> None:
+    """Redis restarted with empty memory while the breaker is open: no request asks it, the probe
+    does, off the request path; when the breaker closes the decision script is already loaded and
+    the connection made, so the first decision after it is one round trip."""
+    proc = RedisProcess()
+    proc.start()
+    try:
+        async def main() -> None:
+            opened: list[str] = []
+            seconds: list[float] = []
+            limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=0.05)),
+                              on_breaker=lambda state: opened.append(state.name), on_open_time=seconds.append)
+            await limiter.decide(QUOTA, [_key()], [1])
+            sha = next(iter(limiter.scripts.values())).script.sha
+            assert proc.process is not None
+            proc.process.kill()
+            proc.process.wait()
+            for _ in range(limiter.breaker.failures_to_open):
+                with pytest.raises(RedisUnavailable):
+                    await limiter.decide(QUOTA, [_key()], [1])
+            assert limiter.breaker_state.name == "OPEN"
+            with pytest.raises(BreakerOpen):
+                await limiter.decide(QUOTA, [_key()], [1])
+            if proc.process.stderr:
+                proc.process.stderr.close()
+            proc.process = None
+            proc.start()
+            assert proc.client().script_exists(sha.decode()) == [False]
+            for _ in range(100):  # the probe runs every open_for (1 s)
+                if limiter.breaker_state.name == "CLOSED":
+                    break
+                await asyncio.sleep(0.05)
+            assert limiter.breaker_state.name == "CLOSED"
+            assert proc.client().script_exists(sha.decode()) == [True]  # loaded by the probe, no request asked
+            assert opened[0] == "OPEN" and "HALF_OPEN" in opened and opened[-1] == "CLOSED"
+            assert sum(seconds) >= limiter.breaker.open_for
+            assert (await limiter.decide(QUOTA, [_key()], [1])).admitted
+            await limiter.close()
+
+        _run_bounded(main(), "asyncio")
+    finally:
+        proc.stop()
 
 
 async def _served_again(limiter: Limiter) -> bool:
@@ -300,8 +384,8 @@ async def _served_again(limiter: Limiter) -> bool:
             return (await asyncio.wait_for(limiter.decide(QUOTA, [_key()], [1]), 2.0)).admitted
         except RedisTimeout:
             continue
-        except BreakerOpen:  # a timeout too many: the breaker lets a probe through after open_for
-            await asyncio.sleep(limiter.breaker.open_for)
+        except BreakerOpen:  # a timeout too many: the breaker's probe closes it again
+            await asyncio.sleep(0.1)
     return False
 
 

@@ -26,9 +26,10 @@ from gateway.redis import connections
 from gateway.redis.cluster import ClusterRunner
 from gateway.redis.standalone import PipelineRunner, SentinelRunner
 
-__all__ = ["ClusterRunner", "PipelineRunner", "Runner", "SentinelRunner", "make_runner"]
+__all__ = ["CONNECT_TIMEOUT", "ClusterRunner", "PipelineRunner", "Runner", "SentinelRunner", "make_runner"]
 
 Runner = PipelineRunner | SentinelRunner | ClusterRunner
+CONNECT_TIMEOUT = 1.0  # seconds; also the breaker's probe budget (gateway.runtime) and the sentinels'
 
 
 def _options(settings: RedisSettings) -> dict[str, Any]:
@@ -37,10 +38,13 @@ def _options(settings: RedisSettings) -> dict[str, Any]:
     No retries inside redis-py: a decision is not idempotent (a reply lost after Redis ran the
     script must not run it twice), and the time budget is the batch's; a dead pooled connection is
     replaced when it is taken from the pool. No socket_timeout on reads: the batch's deadline
-    bounds them (gateway/redis/batch.py); connecting has its own timeout."""
+    bounds them (gateway/redis/batch.py), and a connect made on a decision's path too. Connecting
+    has a bound of its own, CONNECT_TIMEOUT, for the breaker's probe: it is not the decision's
+    budget, which a saturated worker's event loop can spend before it sees a loopback connect
+    complete (a 20 ms bound there failed every probe under load: issue 27)."""
     return {
         "socket_timeout": None,
-        "socket_connect_timeout": settings.timeout,
+        "socket_connect_timeout": max(settings.timeout, CONNECT_TIMEOUT),
         "retry": Retry(NoBackoff(), 0),
     }
 
@@ -83,7 +87,7 @@ def make_runner(settings: RedisSettings) -> Runner:
         addresses, primary = sentinel_addresses(settings.url)
         # the sentinels are asked off the decision path (on connect, and by the check): a socket
         # timeout there costs nothing
-        sentinel_options = {**options, "socket_timeout": settings.timeout}
+        sentinel_options = {**options, "socket_timeout": max(settings.timeout, CONNECT_TIMEOUT)}
         if primary.get("ssl"):
             sentinel_options["ssl"] = True
         primary["connection_class"] = (

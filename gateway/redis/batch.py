@@ -10,8 +10,8 @@ Time: a call's budget (redis.timeout) starts when it is queued. All calls of a b
 the same tick, so the batch carries one deadline, that of its first call: connecting, the exchange,
 a NOSCRIPT reload, redirections and their retries all fit in it, and when it passes the batch's
 task is cancelled and every call still waiting fails with RedisTimeout. One timer per runner
-watches the deadlines (`_expire`), armed for the oldest batch in flight and moved on only when it
-fires: deadlines come in the order batches start, so it is never late, and a batch costs no timer
+watches the deadlines (`_expire`), armed for the earliest batch in flight and moved on when it
+fires (or sooner, for a batch whose deadline comes first), so a batch costs no timer
 of its own (`asyncio.timeout_at` per batch took a timer handle, a Timeout and its cancellation:
 4.5 µs of a lone call's client CPU, measured on a hot core).
 Connecting has redis-py's socket_connect_timeout (the same budget) below it; reading has no
@@ -25,11 +25,23 @@ At most `max_batches` batches are in flight (one server: one, on its one connect
 each node's part on a connection of that node); calls queued meanwhile wait for the next free one
 and so ride in bigger batches when Redis is busy or slow (the deadline is still that of the first
 of them).
+
+The budget is for Redis's time, not the event loop's (issue 27). A saturated worker runs tens of
+milliseconds of other requests' work between a reply's arrival and the step that reads it, and
+uvloop runs a due timer before it polls the sockets at all. So a deadline that passes is checked
+against the wire: a batch whose reply is already waiting (in the socket, or read and not yet parsed:
+`reply_waiting`) was answered in time and gets a new budget instead of failing; and calls that
+spent their budget queued behind a batch Redis answered get one from their own batch's start.
+Only a batch that Redis leaves unanswered for a whole budget fails, and only calls queued behind
+one that failed fail without being sent. Counting the loop's time had failed decisions Redis
+answered in under a millisecond whenever the worker was saturated; the breaker opened, the
+fail-open route then forwarded everything, the loop got busier still, and nothing came back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +80,24 @@ async def exchange(connection: AbstractConnection, commands: Sequence[tuple[Arg,
         except rx.ResponseError as exc:
             out.append(exc)
     return out
+
+
+def reply_waiting(connection: AbstractConnection) -> bool:
+    """Has Redis answered on `connection`: bytes read from the socket and not parsed yet, or bytes
+    in the socket that the loop has not read yet? (Asked only when a deadline passes.)"""
+    reader: Any = getattr(connection, "_reader", None)
+    writer: Any = getattr(connection, "_writer", None)
+    if reader is None or writer is None:  # not connected (yet)
+        return False
+    if reader._buffer:  # asyncio.StreamReader's; redis-py's own can_read() reads it too
+        return True
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed meanwhile
+        return False
 
 
 class Call:
@@ -109,6 +139,7 @@ class Batcher:
         self._in_flight: dict[asyncio.Task[None], float] = {}  # batch -> its deadline, oldest first
         self._expired: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
+        self._answering = True  # did Redis answer the last batch that ended? (see the module's doc)
 
     def failure_domain(self, key: str) -> int | None:
         """One server (or one Sentinel-named primary) holds every key: one domain."""
@@ -131,20 +162,31 @@ class Batcher:
         self._next = loop.create_task(self._execute(self._deadline))
 
     def _expire(self) -> None:
-        """Cancel the batches whose deadline passed; watch the oldest of the others. Only batches
-        that took their first step are watched: uvloop runs a timer that fell due before the
-        ready callbacks of its loop turn, and a task cancelled before its first step would never
-        run the code that lets the next batch start."""
+        """Cancel the batches whose deadline passed with no reply waiting; give those with one a
+        new budget; watch the next deadline. Only batches that took their first step are watched:
+        uvloop runs a timer that fell due before the ready callbacks of its loop turn, and a task
+        cancelled before its first step would never run the code that lets the next batch start."""
         self._watchdog = None
         loop = asyncio.get_running_loop()
         now = loop.time()
+        upcoming = None
         for task, deadline in self._in_flight.items():
-            if deadline > now:
-                self._watchdog = loop.call_at(deadline, self._expire)
-                return
-            if task not in self._expired:
-                self._expired.add(task)
-                task.cancel()
+            if task in self._expired:
+                continue
+            if deadline <= now:
+                if not self._replied(task):
+                    self._expired.add(task)
+                    task.cancel()
+                    continue
+                deadline = self._in_flight[task] = now + self.timeout
+            if upcoming is None or deadline < upcoming:
+                upcoming = deadline
+        if upcoming is not None:
+            self._watchdog = loop.call_at(upcoming, self._expire)
+
+    def _replied(self, task: asyncio.Task[None]) -> bool:
+        """Is a reply to `task`'s batch waiting on every connection the batch still reads?"""
+        return False
 
     async def _execute(self, deadline: float) -> None:
         self._next = None
@@ -152,23 +194,32 @@ class Batcher:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now >= deadline and self._answering:
+            deadline = now + self.timeout  # the budget went on the loop's other work, not on Redis
         self._in_flight[task] = deadline
-        if self._watchdog is None:
+        watchdog = self._watchdog
+        if watchdog is None or deadline < watchdog.when():
+            if watchdog is not None:
+                watchdog.cancel()
             self._watchdog = loop.call_at(deadline, self._expire)
         try:
-            if loop.time() < deadline:
+            if now < deadline:
                 await self._send(batch)
-            else:  # its calls spent their budget waiting for the batch before theirs
+                self._answering = True
+            else:  # its calls spent their budget waiting for a batch Redis did not answer
                 self._fail(batch, self._timed_out())
         except asyncio.CancelledError:
             # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
             if task in self._expired and task.uncancel() == 0:
+                self._answering = False
                 self._fail(batch, self._timed_out())
             else:  # the loop is shutting down: so are the callers
                 for call in batch:
                     call.future.cancel()
                 raise
         except REDIS_FAILURES as exc:
+            self._answering = False
             self._fail(batch, convert(exc))
         except BaseException as exc:  # a bug: never leave a caller hanging
             self._fail(batch, exc)

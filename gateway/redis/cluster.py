@@ -36,18 +36,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange
+from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting
 from gateway.redis.errors import REDIS_FAILURES, convert
+from gateway.scripts import Script
 
 log = logging.getLogger("gateway.redis")
 
 TRYAGAIN_PAUSE = 0.002  # seconds between rounds while a slot's keys are migrating
 REFRESH_PAUSE = 0.01    # after CLUSTERDOWN, before asking again
+
+# the batch whose node pipelines run in this context (asyncio.gather's tasks inherit it)
+_BATCH: ContextVar[asyncio.Task[None] | None] = ContextVar("batch", default=None)
 
 
 class _Pending:
@@ -68,11 +74,19 @@ class ClusterRunner(Batcher):
         self.cluster = cluster
         self.redirects: Counter[str] = Counter()  # replies answered by sending again, by kind
         self._refresh: asyncio.Task[None] | None = None
+        self._reading: dict[asyncio.Task[None], list[Any]] = {}  # batch -> the connections it reads
+        self._map_lock = asyncio.Lock()
+        self._map_reads = 0
 
     def failure_domain(self, key: str) -> int | None:
         return int(self.cluster.keyslot(key))
 
+    def _replied(self, task: asyncio.Task[None]) -> bool:
+        connections = self._reading.get(task, [])
+        return bool(connections) and all(reply_waiting(connection) for connection in connections)
+
     async def _send(self, batch: list[Call]) -> None:
+        _BATCH.set(asyncio.current_task())
         cluster = self.cluster
         await cluster.initialize()  # reads the slot map the first time; after that, returns
         keyslot = cluster.keyslot
@@ -173,6 +187,9 @@ class ClusterRunner(Batcher):
             connection = node.acquire_connection()
         except REDIS_FAILURES as exc:  # MaxConnectionsError
             return [exc] * len(items)
+        batch = _BATCH.get()
+        reading = self._reading.setdefault(batch, []) if batch is not None else []
+        reading.append(connection)
         try:
             await node.disconnect_if_needed(connection)
             await exchange(connection, commands, replies)
@@ -183,7 +200,37 @@ class ClusterRunner(Batcher):
             replies.extend([exc] * (len(commands) - len(replies)))
         finally:
             node.release(connection)
+            reading.remove(connection)
+            if not reading and batch is not None:
+                self._reading.pop(batch, None)
         return [replies[i] for i in at]
+
+    async def prepare(self, key: str, scripts: Sequence[Script], timeout: float) -> None:
+        """The breaker's probe for `key`'s slot: the slot map read again (a replica may have taken
+        over), `scripts` loaded on a connection of the slot's node and the node answering, within
+        `timeout`; the connection goes back to the node for the next batch. Raises RedisUnavailable."""
+        manager = self.cluster.nodes_manager
+        commands: list[tuple[Arg, ...]] = [*(("SCRIPT", "LOAD", s.source) for s in scripts), ("PING",)]
+        try:
+            async with asyncio.timeout(timeout):
+                reads = self._map_reads
+                async with self._map_lock:  # the probes of many slots read the map once
+                    if reads == self._map_reads:
+                        await manager.initialize()
+                        self._map_reads += 1
+                node = manager.get_node_from_slot(self.cluster.keyslot(key))
+                connection = node.acquire_connection()
+                try:
+                    await node.disconnect_if_needed(connection)
+                    replies = await exchange(connection, commands)
+                finally:
+                    node.release(connection)
+            failed = next((reply for reply in replies if isinstance(reply, BaseException)), None)
+            if failed is not None:
+                raise failed
+        except REDIS_FAILURES as exc:
+            raise convert(exc) from exc
+        self._answering = True
 
     def _node(self, host: str, port: int) -> ClusterNode:
         """The ASK target: a node of the map, or one not in it yet (it owns no slot so far)."""

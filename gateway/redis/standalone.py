@@ -11,7 +11,8 @@ the same deadline, so no caller sees it.
 
 A batch cut short (its deadline passed, the connection broke) leaves the connection disconnected
 (redis-py's read_response does so on any exception while reading): the next batch reconnects, and
-no reply is ever read by the wrong caller.
+no reply is ever read by the wrong caller. After the breaker opened, `prepare` (its probe) makes a
+new connection with the scripts loaded, off every request's path, and the next batch takes it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange
+from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting
 from gateway.redis.errors import REDIS_FAILURES, convert
+from gateway.scripts import Script
 
 log = logging.getLogger("gateway.redis")
 
@@ -40,9 +42,14 @@ class PipelineRunner(Batcher):
         super().__init__(timeout)
         self.client = client  # its pool: the decisions' connection, and ping/delete for the admin port
         self._connection: AbstractConnection | None = None
+        self._spare: AbstractConnection | None = None  # made ready by `prepare`, for the next batch
 
     async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
         """Send the commands on the runner's connection; a reply or an error reply per command."""
+        if self._spare is not None:  # no batch is on the old one now (one batch at a time)
+            old, self._connection, self._spare = self._connection, self._spare, None
+            if old is not None:
+                await self._put_back(old)
         connection = self._connection
         if connection is None:
             # taken once and never given back: the pool still closes it (aclose) and can mark it
@@ -84,6 +91,41 @@ class PipelineRunner(Batcher):
                 return
             todo, load = again, True
 
+    def _replied(self, task: asyncio.Task[None]) -> bool:
+        connection = self._connection  # the one batch in flight is on it
+        return connection is not None and reply_waiting(connection)
+
+    async def prepare(self, key: str, scripts: Sequence[Script], timeout: float) -> None:
+        """The breaker's probe: a new connection, `scripts` loaded on it and Redis answering,
+        within `timeout`; the next batch goes on that connection. Raises RedisUnavailable."""
+        pool = self.client.connection_pool
+        connection: AbstractConnection | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                connection = await pool.get_connection()
+                replies = await exchange(connection, [*(("SCRIPT", "LOAD", s.source) for s in scripts), ("PING",)])
+            failed = next((reply for reply in replies if isinstance(reply, BaseException)), None)
+            if failed is not None:
+                raise failed
+        except BaseException as exc:
+            if connection is not None:
+                await self._put_back(connection)
+            if isinstance(exc, REDIS_FAILURES):
+                raise convert(exc) from exc
+            raise
+        if self._spare is not None:
+            await self._put_back(self._spare)
+        self._spare = connection
+        self._answering = True
+
+    async def _put_back(self, connection: AbstractConnection) -> None:
+        """Close a connection of ours and give it back to the pool."""
+        try:
+            await connection.disconnect()
+        except REDIS_FAILURES as exc:
+            log.debug("closing a Redis connection: %s", exc)
+        await self.client.connection_pool.release(connection)
+
     def _before(self) -> object:
         """Noted before a round is sent, for `_replica_refused` (Sentinel: the primary's address)."""
         return None
@@ -116,6 +158,9 @@ class PipelineRunner(Batcher):
 
     async def close(self) -> None:
         await self.drain()
+        if self._spare is not None:
+            await self._put_back(self._spare)
+            self._spare = None
         try:
             await self.client.aclose()
         except REDIS_FAILURES as exc:  # closing a connection that already broke
