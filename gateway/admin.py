@@ -533,7 +533,7 @@ async def _reload_every_worker(control: AdminControl) -> tuple[bool, str]:
     """Validate here, then let the supervisor signal every worker (this one included, so each
     reloads once) and answer with this worker's own outcome."""
     try:
-        load_config(control.settings.config_path)
+        load_config(control.settings.config_path, decision_only=control.settings.decision_only)
     except ConfigError as exc:
         metrics.RELOADS.labels("error").inc()
         return False, str(exc)

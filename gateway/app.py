@@ -1,8 +1,9 @@
 """The composition root: settings -> lifecycle (config, runtime) -> the Starlette application.
 
 The application routes a request that arrived on the admin socket to the admin app
-(gateway/admin.py) and every other HTTP request to the proxy endpoint (gateway/endpoint.py), which
-takes it through the pipeline (gateway/pipeline.py). The lifespan opens and closes the pools.
+(gateway/admin.py), one on the check socket to the check endpoint (gateway/check.py), and every
+other HTTP request to the proxy endpoint (gateway/endpoint.py); both endpoints take it through the
+pipeline (gateway/pipeline.py). The lifespan opens and closes the pools.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.accounting import Accounting
 from gateway.admin import admin_app
+from gateway.check import CheckEndpoint
 from gateway.config import Config
 from gateway.endpoint import ProxyEndpoint
 from gateway.lifecycle import Lifecycle
@@ -37,10 +39,13 @@ class Composed:
 def compose(settings: Settings, config: Config | None = None, transport: str = "lean") -> Composed:
     """The gateway's application; `transport` "httpx" is for the comparison in tests and bench only."""
     lifecycle = Lifecycle(settings, config, transport)
-    endpoint = ProxyEndpoint(lifecycle.current, Limits(settings.max_head_bytes, settings.body_timeout),
-                             settings.admin_port, Accounting(lifecycle.top))
+    limits, accounting = Limits(settings.max_head_bytes, settings.body_timeout), Accounting(lifecycle.top)
+    endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
+    routes: list[BaseRoute] = [AdminPort(settings.admin_port, admin_app(lifecycle))]
+    if settings.check_port is not None:
+        routes.append(AdminPort(settings.check_port, CheckEndpoint(lifecycle.current, limits, accounting)))
     app = Starlette(
-        routes=[AdminPort(settings.admin_port, admin_app(lifecycle)), Proxied(endpoint)],
+        routes=[*routes, Proxied(endpoint)],
         lifespan=lifecycle.lifespan,
         exception_handlers={Exception: _internal_error},
     )
@@ -65,8 +70,8 @@ _NONE: tuple[Match, Scope] = (Match.NONE, {})
 
 
 class AdminPort(_Endpoint):
-    """Routes a request to the admin app when it arrived on the admin socket: the two share the
-    process, never the port."""
+    """Routes a request to `app` when it arrived on `port` (the admin socket, the check socket):
+    they share the process with the proxy, never the port."""
 
     def __init__(self, port: int, app: ASGIApp) -> None:
         super().__init__(app)

@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                        "reset and reload stay on this machine)")
     serve.add_argument("--admin-port", type=int, help="admin port (env GATEWAY_ADMIN_PORT; default 9090)")
     serve.add_argument("--workers", type=int, help="worker processes (env GATEWAY_WORKERS; default 1)")
+    serve.add_argument("--check-port", type=int, help="the check endpoint: forward-auth for nginx, Envoy, "
+                       "Traefik and Caddy (env GATEWAY_CHECK_PORT; default off)")
     serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
     serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
                        "default: none, state is in memory and gone on exit)")
@@ -59,6 +61,7 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settin
         "config_path": args.config, "host": args.host, "port": args.port,
         "admin_host": args.admin_host, "admin_port": args.admin_port,
         "workers": args.workers, "redis_url": args.redis_url, "data_dir": args.data_dir,
+        "check_port": args.check_port,
     }
     return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
 
@@ -79,8 +82,8 @@ def check(path: str) -> int:
         print(f"gateway: no routes file at {os.path.abspath(path)}; "
               "pass its path (or set GATEWAY_CONFIG)", file=sys.stderr)
         return 2
-    try:
-        config = load_config(path)
+    try:  # with GATEWAY_CHECK_PORT set, as `serve` will read it with the check port on
+        config = load_config(path, decision_only=bool(os.environ.get("GATEWAY_CHECK_PORT")))
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -105,8 +108,9 @@ def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
     if settings.workers < 1:
         print("gateway: --workers must be at least 1", file=sys.stderr)
         return 2
-    if settings.port == settings.admin_port:
-        print("gateway: the admin port must differ from the proxy port", file=sys.stderr)
+    ports = [settings.port, settings.admin_port, *([settings.check_port] if settings.check_port is not None else [])]
+    if len(set(ports)) < len(ports):
+        print("gateway: the proxy, admin and check ports must all differ", file=sys.stderr)
         return 2
     if not os.path.exists(settings.config_path):
         print(f"gateway: no routes file at {os.path.abspath(settings.config_path)}; "
@@ -114,7 +118,7 @@ def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
         return 2
     stamp = file_stamp(settings.config_path)  # before reading: a save during start-up is seen later
     try:
-        config = load_config(settings.config_path)
+        config = load_config(settings.config_path, decision_only=settings.decision_only)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -31,12 +31,12 @@ Reply = tuple[int, Headers, bytes]
 
 
 class ProxyEndpoint:
-    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, admin_port: int,
+    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, port: int,
                  accounting: Accounting) -> None:
         self.current = current  # the Runtime in force (a reload swaps it)
         self.limits = limits
         self.accounting = accounting
-        self.admin_port = admin_port  # requests that arrived there are the admin app's
+        self.port = port  # requests that arrived on another (admin, check) are not the proxy's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.current()
@@ -71,7 +71,7 @@ class ProxyEndpoint:
         """For the server protocol: the whole answer to a request refused from memory, or None."""
         runtime = self.current()
         server = scope.get("server")
-        if runtime is None or server is None or server[1] == self.admin_port:
+        if runtime is None or server is None or server[1] != self.port:
             return None
         started = time.perf_counter()
         answer = decide_now(runtime, scope, self.limits)

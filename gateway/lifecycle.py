@@ -52,7 +52,8 @@ class Lifecycle:
         return new_limiter(redis_settings(self.settings, config))
 
     async def startup(self) -> None:
-        config = self.initial_config or load_config(self.settings.config_path)
+        settings = self.settings
+        config = self.initial_config or load_config(settings.config_path, decision_only=settings.decision_only)
         redis = redis_settings(self.settings, config)
         self.runtime = build_runtime(config, redis, self._limiter(config), transport=self.transport)
         metrics.CONFIG_INFO.set(len(config.routes))
@@ -129,7 +130,7 @@ class Lifecycle:
 
     def _reload(self) -> tuple[bool, str]:
         try:
-            config = load_config(self.settings.config_path)
+            config = load_config(self.settings.config_path, decision_only=self.settings.decision_only)
         except ConfigError as exc:
             metrics.RELOADS.labels("error").inc()
             log.error("reload refused, keeping the current config:\n%s", exc)

@@ -25,6 +25,12 @@ class Settings:
     data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
+    check_port: int | None = None          # the check endpoint (forward-auth), on `host`; off unless given
+
+    @property
+    def decision_only(self) -> bool:
+        """Is the check port on? Then every rule must be decidable without the upstream's answer."""
+        return self.check_port is not None
 
     @property
     def effective_admin_host(self) -> str:
@@ -46,6 +52,7 @@ ENV_KEYS = {
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
     "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
     "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
+    "GATEWAY_CHECK_PORT": ("check_port", int),
 }
 
 

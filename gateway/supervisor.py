@@ -87,8 +87,9 @@ class Supervisor:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         os.environ["GATEWAY_SUPERVISED"] = "1"
         try:
-            proxy = bind(settings.host, settings.port)
-            admin = bind(settings.effective_admin_host, settings.admin_port)
+            sockets = [bind(settings.host, settings.port), bind(settings.effective_admin_host, settings.admin_port)]
+            if settings.check_port is not None:
+                sockets.append(bind(settings.host, settings.check_port))
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
@@ -99,8 +100,8 @@ class Supervisor:
                 self.redis.start()
             except (OSError, RuntimeError) as exc:
                 log.error("cannot start the embedded redis-server: %s", exc)
-                proxy.close()
-                admin.close()
+                for sock in sockets:
+                    sock.close()
                 shutil.rmtree(self.metrics_dir, ignore_errors=True)
                 return 1
             settings = replace(settings, embedded_redis_url=self.redis.url)
@@ -116,10 +117,10 @@ class Supervisor:
             log.warning("--data-dir %s is ignored: a Redis URL is configured, and that Redis keeps the state",
                         settings.data_dir)
         context = multiprocessing.get_context("spawn")
-        sockets = [proxy, admin]
-        log.info("gateway on %s:%d (admin %s:%d), %d worker(s), config %s",
+        check = f", check endpoint {settings.host}:{settings.check_port}" if settings.check_port is not None else ""
+        log.info("gateway on %s:%d (admin %s:%d%s), %d worker(s), config %s",
                  settings.host, settings.port, settings.effective_admin_host,
-                 settings.admin_port, settings.workers, settings.config_path)
+                 settings.admin_port, check, settings.workers, settings.config_path)
         for _ in range(settings.workers):
             self.workers.append(self._spawn(context, sockets))
         stamp = self.stamp
@@ -148,8 +149,8 @@ class Supervisor:
             os.close(wake_r)
             os.close(wake_w)
             self._shutdown()
-            proxy.close()
-            admin.close()
+            for sock in sockets:
+                sock.close()
         return 0
 
     def _spawn(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> BaseProcess:
@@ -168,7 +169,7 @@ class Supervisor:
         """Workers validate and report a reload themselves; the supervisor keeps the last good
         config so that a worker started later (a crashed one replaced) does not fail on a bad file."""
         with contextlib.suppress(ConfigError):
-            self.config = load_config(self.settings.config_path)
+            self.config = load_config(self.settings.config_path, decision_only=self.settings.decision_only)
 
     def _replace_dead(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> None:
         from gateway.metrics import mark_worker_dead

@@ -45,6 +45,7 @@ class Place(StrEnum):
     ADMIN = "admin"
     IDENTITY = "identity"
     LOCAL_REFUSALS = "local_refusals"
+    CHECK = "check"
     UPSTREAM = "upstream"
     TLS = "tls"
     ROUTE = "route"
@@ -61,6 +62,8 @@ PLACES: dict[Place, str] = {
     Place.IDENTITY: "`identity:` bounds on identities.",
     Place.LOCAL_REFUSALS: "`local_refusals:` refusals each worker answers from memory until Redis would stop "
                           "refusing (docs/algorithms.md).",
+    Place.CHECK: "`check:` the check endpoint (`--check-port`): forward-auth for nginx `auth_request`, "
+                 "Envoy `ext_authz`, Traefik `ForwardAuth` and Caddy `forward_auth` (docs/behind-a-proxy.md).",
     Place.UPSTREAM: "`upstreams: {NAME: ...}` one upstream the routes forward to.",
     Place.TLS: "`upstreams.NAME.tls:` TLS to an https:// upstream.",
     Place.ROUTE: "`routes: [...]` one route; routes are tried in file order and the first match wins.",
@@ -165,6 +168,7 @@ FIELDS: tuple[Field, ...] = (
     _f(TOP, "identity", Section(IDENTITY), "Bounds on identities."),
     _f(TOP, "access_log", Boolean(), "Log one line per request.", default=False),
     _f(TOP, "local_refusals", Section(LOCAL), "Refusals each worker answers from memory."),
+    _f(TOP, "check", Section(Place.CHECK), "The check endpoint (--check-port): forward-auth."),
 
     _f(REDIS, "url", Text(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
                           nullable=True, what="URL"),
@@ -194,6 +198,13 @@ FIELDS: tuple[Field, ...] = (
        default=65536, attr="body_digest_max_bytes"),
     _f(IDENTITY, "max_length", Integer(1, 65536), "Longest identity part kept as is (longer ones are hashed).",
        default=1024, attr="identity_max_bytes"),
+
+    _f(Place.CHECK, "deny_status", Integer(400, 499), "Answer every refusal with this status instead, the "
+       "original one in X-RateLimit-Status (403 for nginx auth_request, which turns any status but 2xx, 401 "
+       "and 403 into a 500). Unset: the refusal's own status (429, 503, 400).", attr="check_deny_status"),
+    _f(Place.CHECK, "path_prefix", Text(r"^(/[^?#]*)?$", "must be empty or a path starting with /", what="path"),
+       "Taken off the front of the request line's path when no forwarding header names the original request "
+       "(Envoy ext_authz's `path_prefix`).", default="", attr="check_path_prefix"),
 
     _f(LOCAL, "max_entries", Integer(0, 10_000_000), "Refusals kept per worker, least recently used dropped "
        "first; 0 turns it off (every request asks Redis).", default=100_000, attr="local_refusals_max"),

@@ -84,8 +84,9 @@ class Found:
 class _Reader:
     """Walks the YAML node tree, typing values and collecting problems with their lines."""
 
-    def __init__(self, file: str, env: Mapping[str, str], proxy: bool = True) -> None:
+    def __init__(self, file: str, env: Mapping[str, str], proxy: bool = True, decision_only: bool = False) -> None:
         self.proxy = proxy  # False: rules guarding an app in-process (routes need no upstream)
+        self.decision_only = decision_only  # the check port is on: every rule must be decidable there
         self.file = file
         self.env = env
         self.problems: list[ConfigProblem] = []
@@ -227,10 +228,13 @@ def _check_shape(node: yaml.Node, reader: _Reader) -> bool:
     return True
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: bool = True) -> Config:
+def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: bool = True,
+                decision_only: bool = False) -> Config:
     """Read and validate one routes.yaml. Raises ConfigError listing every problem.
 
-    proxy=False: for the in-process middleware, where routes need no upstream (SPEC section 6)."""
+    proxy=False: for the in-process middleware, where routes need no upstream (SPEC section 6).
+    decision_only=True: the check port is on (SPEC section 7), where no rule may need the upstream's
+    answer or the request's body."""
     file = str(path)
     try:
         with open(path, "rb") as handle:
@@ -239,11 +243,12 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: b
         raise ConfigError([ConfigProblem(file, 0, "(file)", f"cannot read: {exc.strerror}")]) from exc
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError([ConfigProblem(file, 0, "(file)", "larger than 4 MiB")])
-    return parse_config(data, file, os.environ if env is None else env, proxy)
+    return parse_config(data, file, os.environ if env is None else env, proxy, decision_only)
 
 
-def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bool = True) -> Config:
-    reader = _Reader(file, env, proxy)
+def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bool = True,
+                 decision_only: bool = False) -> Config:
+    reader = _Reader(file, env, proxy, decision_only)
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -281,7 +286,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         found = r.section(top.nodes["defaults"], "defaults", Place.DEFAULTS)
         defaults.update(r.read(found, "defaults", Place.DEFAULTS) if found else {})
     jwt = _jwt(top.nodes["jwt"], r) if "jwt" in top else JwtSettings()
-    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS):  # their keys are Config's own (Field.attr)
+    for place in (Place.ADMIN, Place.IDENTITY, Place.LOCAL_REFUSALS, Place.CHECK):  # Config's own keys (Field.attr)
         if place.value in top:
             found = r.section(top.nodes[place.value], place.value, place)
             settings.update(r.read(found, place.value, place) if found else {})
@@ -485,6 +490,12 @@ def _rules(
             continue
         if rule.name in names:
             r.problem(node, f"{key}.limits[{j}].name", f"rule '{rule.name}' is defined twice")
+        if r.decision_only:
+            for unseen in rule.unseen_by_a_check:
+                r.problem(_child(node, unseen) or node, f"{key}.limits[{j}]({rule.name}).{unseen}",
+                          "needs the upstream's answer or the request's body, which the check port "
+                          "(--check-port) never sees: move the rule to a route the proxy port serves, or "
+                          "drop it")
         names.add(rule.name)
         rules.append(rule)
         nodes.append(node)

@@ -79,6 +79,23 @@ class Rule:
         return bool(self.count_on) or self.cost_response_header is not None
 
     @property
+    def unseen_by_a_check(self) -> tuple[str, ...]:
+        """The keys of this rule that need what a decision service never sees: the upstream's
+        answer, or the request's body (SPEC section 7). Empty: a check port can decide it."""
+        keys = []
+        if self.count_on:
+            keys.append("count_on")
+        if self.refund_on:
+            keys.append("refund_on")
+        if self.cost_response_header is not None:
+            keys.append("cost")
+        if self.algorithm == Algorithm.CONCURRENCY:
+            keys.append("algorithm")
+        if any(source.kind == "body" for source in self.by):
+            keys.append("by")
+        return tuple(keys)
+
+    @property
     def settles(self) -> bool:
         """Whether the answer may change what this rule counts."""
         return self.charged_after or bool(self.refund_on)
@@ -191,4 +208,6 @@ class Config:
     access_log: bool = default(P.TOP, "access_log")
     local_refusals_max: int = LOCAL_REFUSALS_MAX  # 0: every request asks Redis
     local_refusals_hold: float = LOCAL_REFUSALS_HOLD  # how stale an admin reset may be elsewhere
+    check_deny_status: int | None = None  # the check endpoint's status for every refusal (nginx: 403)
+    check_path_prefix: str = default(P.CHECK, "path_prefix")
 

@@ -1,0 +1,199 @@
+"""The check endpoint (SPEC section 7): the forward-auth question of nginx `auth_request`,
+ingress-nginx `auth-url`, Traefik `ForwardAuth`, Caddy `forward_auth` and Envoy `ext_authz` (HTTP).
+
+Every request on the check port asks "may this request pass?" about another request, the one the
+proxy in front holds. `original_scope` rebuilds that request from the proxy's convention, and the
+pipeline (gateway/pipeline.py) decides it exactly as on the proxy port: same routes, identities,
+canonical request, one script call, refusals held in memory, overrides, metrics. Nothing is ever
+forwarded, so no rule that needs the upstream's answer can be decided here (`answer_rules`).
+
+    Admitted (or failed open)   200, empty body, the rate-limit headers for the proxy to copy
+    Refused                     section 4's answer (429 + Retry-After + problem+json, 503, 400)
+    No route                    200: the check is about limits, not about routing
+    check.deny_status: 403      every refusal becomes a 403 carrying X-RateLimit-Status: 429 (or 503,
+                                400) and Retry-After, for nginx, whose auth_request turns any other
+                                status into a 500 (docs/behind-a-proxy.md hands the client its 429)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.accounting import Accounting
+from gateway.config import Config
+from gateway.errors import BadRequest
+from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
+from gateway.request_id import new_request_id
+from gateway.responses import Headers, problem, send_answer
+from gateway.runtime import Runtime
+
+# The conventions, in the order they are believed: Traefik and Caddy, then nginx and ingress-nginx;
+# without either, the request line itself (Envoy). Their fields never reach the pipeline.
+FORWARDED_METHOD, FORWARDED_URI = b"x-forwarded-method", b"x-forwarded-uri"
+FORWARDED_HOST, FORWARDED_PROTO = b"x-forwarded-host", b"x-forwarded-proto"
+ORIGINAL_METHOD, ORIGINAL_URI, ORIGINAL_URL = b"x-original-method", b"x-original-uri", b"x-original-url"
+_NAMES = {name: name.decode().title().replace("Uri", "URI").replace("Url", "URL")
+          for name in (FORWARDED_METHOD, FORWARDED_URI, FORWARDED_HOST, FORWARDED_PROTO,
+                       ORIGINAL_METHOD, ORIGINAL_URI, ORIGINAL_URL)}  # as the docs spell them
+CONVENTION = frozenset(_NAMES)
+# the original request's body never comes: its framing fields would only mislead the pipeline
+_BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_METHOD = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}$")  # RFC 9110 5.6.2 token
+_ANSWERED = (b"content-length", b"0")
+
+
+class CheckEndpoint:
+    """The check port's ASGI callable, routed by the Starlette app (gateway/app.py)."""
+
+    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, accounting: Accounting) -> None:
+        self.current = current
+        self.limits = limits
+        self.accounting = accounting
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime = self.current()
+        assert runtime is not None, "the lifespan starts the runtime before any request"
+        runtime.enter()
+        started = time.perf_counter()
+        config = runtime.config
+        try:
+            try:
+                original = original_scope(scope, config.check_path_prefix)
+            except BadRequest as exc:
+                result: Admit | Answer = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST,
+                                                close=True)
+                original = dict(scope)
+            else:
+                result = await decide(runtime, original, receive, self.limits)
+            request_id = new_request_id()
+            if isinstance(result, Admit):
+                if result.delay_ms > 0:  # a leaky_bucket's place in the queue: the proxy waits for it
+                    await asyncio.sleep(result.delay_ms / 1000)
+                status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
+            elif result.outcome is RequestOutcome.CLIENT_GONE:
+                status = 499
+            elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
+                status = await send_answer(send, (200, [_ANSWERED], b""))
+            else:
+                status = await send_answer(send, _denied(config, result))
+            self.accounting.account(config, original, request_id, result, status, started)
+        finally:
+            runtime.leave()
+
+
+def _denied(config: Config, answer: Answer) -> tuple[int, Headers, bytes]:
+    headers = list(answer.headers)
+    if answer.close:
+        headers.append((b"connection", b"close"))
+    if config.check_deny_status is None:
+        return answer.status, headers, answer.body
+    headers.append((b"x-ratelimit-status", str(answer.status).encode()))
+    return config.check_deny_status, headers, answer.body
+
+
+def original_scope(scope: Scope, path_prefix: str = "") -> dict[str, Any]:
+    """The ASGI scope of the request the proxy asks about. Raises BadRequest (nothing is counted):
+    a convention field sent twice, a method that is not a token, a URI that is not a path."""
+    one: dict[bytes, bytes] = {}
+    headers: list[tuple[bytes, bytes]] = []
+    for name, value in scope["headers"]:
+        if name in CONVENTION:
+            if name in one:
+                raise BadRequest(f"{_NAMES[name]} is sent more than once")
+            one[name] = value.strip(b" \t")
+        elif name not in _BODY_FRAMING:
+            headers.append((name, value))
+    host = one.get(FORWARDED_HOST)
+    if FORWARDED_URI in one or FORWARDED_METHOD in one:
+        target = _required(one, FORWARDED_URI)
+        method = _required(one, FORWARDED_METHOD)
+    elif ORIGINAL_URI in one or ORIGINAL_URL in one or ORIGINAL_METHOD in one:
+        method = _required(one, ORIGINAL_METHOD)
+        target = one.get(ORIGINAL_URI, b"")
+        if ORIGINAL_URL in one:  # ingress-nginx: scheme://host/path?query
+            url_host, url_target = _absolute(one[ORIGINAL_URL])
+            host = host or url_host
+            target = target or url_target
+        if not target:
+            raise BadRequest("X-Original-URI (or X-Original-URL) is missing")
+    else:  # Envoy ext_authz: the request line is the original's, behind check.path_prefix
+        method = scope["method"].encode()
+        target = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string") or b""
+        if path_prefix:
+            prefix = path_prefix.encode()
+            if not target.startswith(prefix) or target[len(prefix):][:1] not in (b"/", b""):
+                raise BadRequest(f"the check path must start with check.path_prefix {path_prefix}")
+            target = target[len(prefix):] or b"/"
+        if query:
+            target += b"?" + query
+    if not _METHOD.match(method):
+        raise BadRequest("the original method is not an HTTP method")
+    if not target.startswith(b"/"):
+        raise BadRequest("the original request target must be a path starting with / (origin-form)")
+    raw_path, _, query = target.partition(b"?")
+    if host is not None:
+        headers = [(name, value) for name, value in headers if name != b"host"]
+        headers.append((b"host", host))
+    original = dict(scope)
+    original.update({
+        "method": method.decode("ascii").upper(),
+        "raw_path": raw_path,
+        "path": unquote(raw_path.decode("latin-1")),
+        "query_string": query,
+        "headers": headers,
+    })
+    proto = one.get(FORWARDED_PROTO, b"").lower()
+    if proto in (b"http", b"https"):
+        original["scheme"] = proto.decode()
+    return original
+
+
+def _required(one: dict[bytes, bytes], name: bytes) -> bytes:
+    value = one.get(name)
+    if not value:
+        raise BadRequest(f"{_NAMES[name]} is missing")
+    return value
+
+
+def _absolute(url: bytes) -> tuple[bytes | None, bytes]:
+    """The host and origin-form target of an absolute http(s) URL."""
+    try:
+        parts = urlsplit(url.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("X-Original-URL is not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc or "@" in parts.netloc:
+        raise BadRequest("X-Original-URL must be an absolute http(s) URL")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.netloc.encode(), target.encode()
+
+
+def answer_rules(config: Config) -> list[str]:
+    """The rules the check port cannot decide: each needs what only the proxy in front sees (the
+    upstream's answer, or the request's body). One line each, naming route and rule."""
+    problems = []
+    for route in config.routes:
+        for rule in route.limits:
+            needs = []
+            if rule.count_on:
+                needs.append("count_on")
+            if rule.refund_on:
+                needs.append("refund_on")
+            if rule.cost_response_header:
+                needs.append("cost: response_header")
+            if rule.algorithm == "concurrency":
+                needs.append("algorithm: concurrency")
+            if any(source.kind == "body" for source in rule.by):
+                needs.append("by: body")
+            if needs:
+                problems.append(
+                    f"{config.source}: routes.{route.name}.limits.{rule.name}: {', '.join(needs)} needs the "
+                    "upstream's answer or the request's body, which the check port (--check-port) never sees")
+    return problems
