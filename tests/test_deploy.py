@@ -263,8 +263,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "proxyFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}],
             "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "checkFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}],
             "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": 6379}, {"port": 8080}]}],
         },
+        "check": {"enabled": True, "servicePort": 9191},
     },
     "repo-routes-as-mapping": {"routes": yaml.safe_load(REPO_ROUTES)},
     "dashboard-alerts-ingress": {
@@ -456,7 +458,8 @@ def test_pods_are_restricted_and_probed_on_the_admin_port(
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["resources"]["requests"]["cpu"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"proxy": 8080, "admin": 9090}
+    checking = {"check": 8081} if values.get("check", {}).get("enabled") else {}
+    assert ports == {"proxy": 8080, "admin": 9090, **checking}
     # Probes only on endpoints that answer 200 while Redis is down (tests/test_operators.py kills
     # Redis under traffic and polls /readyz): a shared-Redis outage must not empty the Service.
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -528,6 +531,16 @@ def test_services_keep_admin_apart(scenario: tuple[str, dict[str, Any], list[dic
     _, values, docs = scenario
     selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     proxy, admin = one(docs, "Service"), one(docs, "Service", f"{FULLNAME}-admin")
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    if values.get("check", {}).get("enabled"):  # its own ClusterIP Service, never the proxy's
+        check = one(docs, "Service", f"{FULLNAME}-check")
+        assert check["spec"]["type"] == "ClusterIP" and check["spec"]["selector"] == selector
+        assert [(p["targetPort"], p["port"]) for p in check["spec"]["ports"]] == [("check", 9191)]
+        assert {"name": "check", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+        assert pod_env(one(docs, "Deployment"))["GATEWAY_CHECK_PORT"] == "8081"
+    else:
+        assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-check")]
+        assert "GATEWAY_CHECK_PORT" not in pod_env(one(docs, "Deployment"))
     assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]
     assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
     assert admin["spec"]["type"] == "ClusterIP"
@@ -548,6 +561,10 @@ def test_services_keep_admin_apart(scenario: tuple[str, dict[str, Any], list[dic
         rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
         assert rules["admin"]["from"] == values["networkPolicy"]["adminFrom"]
         assert rules["proxy"]["from"] == values["networkPolicy"]["proxyFrom"]
+        if values.get("check", {}).get("enabled"):
+            assert rules["check"]["from"] == values["networkPolicy"]["checkFrom"]
+        else:
+            assert "check" not in rules
         assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         assert policy["spec"]["egress"][0]["ports"][0]["port"] == 53, "DNS stays allowed"
     else:
