@@ -65,7 +65,7 @@ class CheckEndpoint:
         config = runtime.config
         try:
             try:
-                original = original_scope(scope, config.check_path_prefix)
+                original = original_scope(scope, config.check_path_prefix, config.check_convention)
             except BadRequest as exc:
                 result: Admit | Answer = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST,
                                                 close=True)
@@ -98,9 +98,11 @@ def _denied(config: Config, answer: Answer) -> tuple[int, Headers, bytes]:
     return config.check_deny_status, headers, answer.body
 
 
-def original_scope(scope: Scope, path_prefix: str = "") -> dict[str, Any]:
-    """The ASGI scope of the request the proxy asks about. Raises BadRequest (nothing is counted):
-    a convention field sent twice, a method that is not a token, a URI that is not a path."""
+def original_scope(scope: Scope, path_prefix: str = "", convention: str = "auto") -> dict[str, Any]:
+    """The ASGI scope of the request the proxy asks about, read by `convention` (check.convention).
+    Raises BadRequest (nothing is counted): a convention field sent twice, a method that is not a
+    token, a URI that is not a path. The fields of every convention are taken out of the request
+    the pipeline sees, whichever is read."""
     one: dict[bytes, bytes] = {}
     headers: list[tuple[bytes, bytes]] = []
     for name, value in scope["headers"]:
@@ -110,11 +112,16 @@ def original_scope(scope: Scope, path_prefix: str = "") -> dict[str, Any]:
             one[name] = value.strip(b" \t")
         elif name not in _BODY_FRAMING:
             headers.append((name, value))
-    host = one.get(FORWARDED_HOST)
-    if FORWARDED_URI in one or FORWARDED_METHOD in one:
+    if convention == "auto":
+        if FORWARDED_URI in one or FORWARDED_METHOD in one:
+            convention = "forwarded"
+        elif ORIGINAL_URI in one or ORIGINAL_URL in one or ORIGINAL_METHOD in one:
+            convention = "original"
+    host = one.get(FORWARDED_HOST) if convention != "request_line" else None
+    if convention == "forwarded":
         target = _required(one, FORWARDED_URI)
         method = _required(one, FORWARDED_METHOD)
-    elif ORIGINAL_URI in one or ORIGINAL_URL in one or ORIGINAL_METHOD in one:
+    elif convention == "original":
         method = _required(one, ORIGINAL_METHOD)
         target = one.get(ORIGINAL_URI, b"")
         if ORIGINAL_URL in one:  # ingress-nginx: scheme://host/path?query

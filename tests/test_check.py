@@ -27,7 +27,7 @@ version: 1
 redis: {{timeout: 50ms}}
 access_log: true
 trusted_proxies: [127.0.0.1/32]
-check: {{path_prefix: /check{deny}}}
+check: {{path_prefix: /check{deny}{convention}}}
 upstreams: {{up: {{url: "{upstream}"}}}}
 routes:
   - name: shop
@@ -50,9 +50,11 @@ routes:
 """
 
 
-def _gateway(tmp_path: Path, redis: RedisProcess, upstream: Upstream, deny: str = "") -> GatewayProcess:
+def _gateway(tmp_path: Path, redis: RedisProcess, upstream: Upstream, deny: str = "",
+             convention: str = "") -> GatewayProcess:
     check_port = free_port()
-    gateway = GatewayProcess(CONFIG.format(upstream=upstream.url, deny=deny), tmp_path, redis_url=redis.url,
+    config = CONFIG.format(upstream=upstream.url, deny=deny, convention=convention)
+    gateway = GatewayProcess(config, tmp_path, redis_url=redis.url,
                              args=("--check-port", str(check_port)))
     gateway.check_url = f"http://127.0.0.1:{check_port}"  # type: ignore[attr-defined]
     gateway.start()
@@ -113,7 +115,7 @@ def test_each_convention_is_decided_as_the_proxy_port_decides_it(gateway: Gatewa
             assert answer.content == b""
             assert answer.headers["ratelimit-policy"] and answer.headers["ratelimit"]
         else:
-            assert 3000 < int(answer.headers["retry-after"]) <= 3600
+            assert 0 < int(answer.headers["retry-after"]) <= 3600  # the quota's hour ends
             assert answer.headers["content-type"] == "application/problem+json"
             assert answer.json()["status"] == 429
     assert statuses == [200, 200, 200, 429]
@@ -265,3 +267,21 @@ def _env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "GATEWAY_CHECK_PORT"}
+
+
+def test_a_pinned_convention_believes_no_other(tmp_path: Path, redis: RedisProcess, upstream: Upstream) -> None:
+    """Through a proxy that passes the client's headers on, `auto` would believe a client's own
+    X-Forwarded-Uri over nginx's X-Original-URI; `convention: original` reads only nginx's."""
+    gateway = _gateway(tmp_path, redis, upstream, convention=", convention: original")
+    try:
+        spoofed = {**nginx("GET", "/shop/8", "pinned"), "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/free"}
+        assert [check(gateway, spoofed).status_code for _ in range(4)] == [200, 200, 200, 429]
+        envoy_style = check(gateway, {"X-User-Id": "pinned", "Host": "shop.example"}, "/check/shop/8")
+        assert envoy_style.status_code == 400 and "X-Original-Method is missing" in envoy_style.json()["detail"]
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_auto_reads_the_first_convention_the_request_carries(gateway: GatewayProcess) -> None:
+    spoofed = {**nginx("GET", "/shop/8", "auto"), "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/free"}
+    assert [check(gateway, spoofed).status_code for _ in range(4)] == [200] * 4  # /free: no route

@@ -34,7 +34,6 @@ from gateway.config.kinds import (
     Text,
 )
 
-
 class Place(StrEnum):
     """Where a key may appear: the top level of the file, or one kind of mapping in it."""
 
@@ -94,6 +93,7 @@ HEADER_MODES = ("draft", "legacy", "both", "none")
 FAILURE_MODES = ("open", "closed")
 ON_MISSING = ("reject", "skip", "ip")
 REDIS_MODES = ("standalone", "cluster", "sentinel")
+CHECK_CONVENTIONS = ("auto", "forwarded", "original", "request_line")
 JWT_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256")
 
 MAX_COST = 1_000_000_000
@@ -202,6 +202,11 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.CHECK, "deny_status", Integer(400, 499), "Answer every refusal with this status instead, the "
        "original one in X-RateLimit-Status (403 for nginx auth_request, which turns any status but 2xx, 401 "
        "and 403 into a 500). Unset: the refusal's own status (429, 503, 400).", attr="check_deny_status"),
+    _f(Place.CHECK, "convention", Choice(CHECK_CONVENTIONS), "Where the original request is read from: "
+       "`forwarded` (X-Forwarded-Method/-Uri/-Host: Traefik, Caddy), `original` (X-Original-Method/-URI/-URL: "
+       "nginx, ingress-nginx), `request_line` (Envoy ext_authz), or `auto`: the first of these that the check "
+       "request carries. Name your proxy's: with `auto` a client's own X-Forwarded-Uri is believed unless the "
+       "proxy strips it (docs/behind-a-proxy.md's recipes do).", default="auto", attr="check_convention"),
     _f(Place.CHECK, "path_prefix", Text(r"^(/[^?#]*)?$", "must be empty or a path starting with /", what="path"),
        "Taken off the front of the request line's path when no forwarding header names the original request "
        "(Envoy ext_authz's `path_prefix`).", default="", attr="check_path_prefix"),

@@ -210,4 +210,5 @@ class Config:
     local_refusals_hold: float = LOCAL_REFUSALS_HOLD  # how stale an admin reset may be elsewhere
     check_deny_status: int | None = None  # the check endpoint's status for every refusal (nginx: 403)
     check_path_prefix: str = default(P.CHECK, "path_prefix")
+    check_convention: str = default(P.CHECK, "convention")
 
