@@ -5,6 +5,7 @@ need=()
 command -v faketime >/dev/null || need+=(faketime)
 [ -x /usr/bin/redis-server ] || need+=(redis-server)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v caddy >/dev/null || [ -x /usr/bin/caddy ] || need+=(caddy)  # forward_auth recipe tests
 command -v wrk >/dev/null || need+=(wrk)
 command -v promtool >/dev/null || need+=(prometheus)  # promtool tests the chart's alert rules
 [ ${#need[@]} -eq 0 ] && exit 0
@@ -18,4 +19,5 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
 # Debian's redis-server package starts a system service; the tests run their own.
 (service redis-server stop || true) >/dev/null 2>&1
 (service nginx stop || true) >/dev/null 2>&1
+(service caddy stop || true) >/dev/null 2>&1
 (service prometheus stop || true) >/dev/null 2>&1
