@@ -34,6 +34,7 @@ from gateway.config.kinds import (
     Text,
 )
 
+
 class Place(StrEnum):
     """Where a key may appear: the top level of the file, or one kind of mapping in it."""
 
