@@ -334,6 +334,8 @@ def admin_app(control: AdminControl) -> Starlette:
             return problem_response(400, f"window is a duration (5m, 1h) and limit a whole number: {exc}")
         if not 0 < window <= MAX_WINDOW or not 0 < limit <= 1000:
             return problem_response(400, f"window may be up to {MAX_WINDOW // 60} minutes and limit up to 1000")
+        if route is not None and route not in _runtime(control).plans:
+            return problem_response(404, f"no route named {route[:200]!r}")
         found = control.top.top(window, route, limit)
         return JSONResponse({"route": route, "window_seconds": window, "top": [{
             "route": r.route, "rule": r.rule, "identity": r.identity, "refusals": r.refusals,
@@ -345,7 +347,7 @@ def admin_app(control: AdminControl) -> Starlette:
         rules = [(route, rule) for route in runtime.config.routes for rule in route.limits]
         limit = _page_limit(request)
         at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
-        if limit is None or not (at.isdigit() and cursor.isdigit()):
+        if limit is None or not (_whole(at) and _whole(cursor)):
             return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
         index, listed = int(at), list[dict[str, Any]]()
         try:
@@ -409,8 +411,8 @@ def admin_app(control: AdminControl) -> Starlette:
             except OverrideInvalid as exc:
                 return problem_response(400, f"invalid override of {rule.algorithm} rule {rule_name!r}: {exc}",
                                         field=exc.field or None, **where)
-            except ValueError as exc:
-                return problem_response(400, f"the body is not JSON: {exc}", **where)
+            except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
+                return problem_response(400, f"the body is not JSON: {str(exc)[:200]}", **where)
             if not await store.put(route_name, rule_name, token, canonical(body), rule.max_overrides):
                 return problem_response(
                     409, f"rule {route_name}/{rule_name} holds its max_overrides ({rule.max_overrides}) "
@@ -478,17 +480,22 @@ def _override_token(request: Request, rule: Rule) -> str | None:
     return identity_token(values)
 
 
+def _whole(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' (int() refuses it) and other scripts' digits."""
+    return text.isascii() and text.isdigit()
+
+
 def _page_limit(request: Request) -> int | None:
     """`?limit=` of a page of overrides (default 100), or None when it is not 1 to PAGE_LIMIT."""
     text = request.query_params.get("limit", "100")
-    limit = int(text) if text.isdigit() else 0
+    limit = int(text) if _whole(text) and len(text) < 8 else 0
     return limit if 0 < limit <= PAGE_LIMIT else None
 
 
 async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
     cursor = request.query_params.get("cursor", "0") or "0"
     limit = _page_limit(request)
-    if not cursor.isdigit() or limit is None:
+    if not _whole(cursor) or limit is None:
         return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
     try:
         nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)

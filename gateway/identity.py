@@ -105,6 +105,10 @@ class JwtVerifier:
         except (pyjwt.PyJWTError, ValueError, TypeError):
             return None, FOREVER
         exp = claims.get("exp")
+        if exp is not None and (isinstance(exp, bool) or not isinstance(exp, int | float)):
+            # PyJWT reads a numeric string ("1700000000") as the time it spells, but RFC 7519 4.1.4
+            # asks for a number, and such a token would otherwise be cached as valid for ever
+            return None, FOREVER
         if isinstance(exp, int | float):
             if exp + leeway <= now:
                 return None, FOREVER  # expired: checked above only with the not-before leeway

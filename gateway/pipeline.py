@@ -231,7 +231,11 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
     view = RequestView(request, {}, runtime.config, runtime.jwt)
     router = runtime.router
-    found = router.match(request.method, request.hostname, request.path, view.meets if router.conditional else None)
+    try:  # a route's `match:` may read a header, claim or address that came twice: a 400, as an identity
+        found = router.match(request.method, request.hostname, request.path,
+                             view.meets if router.conditional else None)
+    except BadRequest as exc:
+        return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, request)
     if found is None:
         allowed = runtime.router.allowed_methods(request.hostname, request.path)
         if allowed:  # a route owns this path under other methods: a catch-all may not take it

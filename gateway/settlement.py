@@ -98,7 +98,7 @@ def _windowed(algorithm: str, window: float) -> bool:
 def _declared(fields: Mapping[str, str] | None, name: str) -> int | None:
     """The cost an upstream declared: a whole number; absent or not one, nothing is charged."""
     text = (fields or {}).get(name, "").strip()
-    if not text.isdigit() or len(text) > 10:
+    if not (text.isascii() and text.isdigit()) or len(text) > 10:  # '²'.isdigit() is True; int('²') fails
         return None
     return int(text) or None
 
