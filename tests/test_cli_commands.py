@@ -49,7 +49,9 @@ def test_serve_refuses_a_bad_config_without_starting(tmp_path: Path) -> None:
 
 def test_serve_refuses_the_same_port_for_proxy_and_admin() -> None:
     result = run("serve", "--port", "9999", "--admin-port", "9999")
-    assert result.returncode == 2 and "admin port must differ" in result.stderr
+    assert result.returncode == 2 and "ports must all differ" in result.stderr
+    result = run("serve", "--port", "9999", "--admin-port", "9998", "--check-port", "9998")
+    assert result.returncode == 2 and "ports must all differ" in result.stderr
 
 
 def test_bad_environment_value_is_a_clear_error() -> None:

@@ -47,6 +47,7 @@ MINIMAL: dict[str, Any] = {
     "admin": {"token": ""},
     "identity": {"body_max_bytes": 1024, "max_length": 256},
     "local_refusals": {"max_entries": 100_000, "max_hold": "1s"},
+    "check": {"convention": "auto", "path_prefix": ""},
     "upstreams": {"up": {"url": "http://127.0.0.1:9000", "timeout": "1s"}},
     "routes": [{
         "name": "r",
@@ -183,6 +184,7 @@ ENUMS = [
     (("routes", 0, "limits", 0, "algorithm"), Place.RULE),
     (("routes", 0, "limits", 0, "on_missing"), Place.RULE),
     (("jwt", "algorithms"), Place.JWT),
+    (("check", "convention"), Place.CHECK),
 ]
 
 
