@@ -84,6 +84,10 @@ class CheckEndpoint:
             else:
                 status = await send_answer(send, _denied(config, result))
             self.accounting.account(config, original, request_id, result, status, started)
+        except asyncio.CancelledError:  # the proxy in front hung up: it will not read the answer
+            self.accounting.account(config, scope, new_request_id(), Answer(499, [], b"", RequestOutcome.CLIENT_GONE),
+                                    499, started)
+            raise
         finally:
             runtime.leave()
 

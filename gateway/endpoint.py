@@ -28,6 +28,7 @@ from gateway.runtime import Runtime
 from gateway.tunnel import switcher, upgrade_acceptor
 
 Reply = tuple[int, Headers, bytes]
+_GONE = Answer(499, [], b"", RequestOutcome.CLIENT_GONE)  # a call cancelled before its decision
 
 
 class ProxyEndpoint:
@@ -43,6 +44,8 @@ class ProxyEndpoint:
         assert runtime is not None, "the lifespan starts the runtime before any request"
         runtime.enter()
         started = time.perf_counter()
+        result: Admit | Answer = _GONE
+        request_id = b""
         try:
             result = await decide(runtime, scope, receive, self.limits)
             if isinstance(result, Answer):
@@ -64,6 +67,9 @@ class ProxyEndpoint:
                     if lease is not None and leases is not None:
                         leases.release(lease)
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
+        except asyncio.CancelledError:  # the client left (the server cancels its call), or the drain ended
+            self.accounting.account(runtime.config, scope, request_id or new_request_id(), result, 499, started)
+            raise
         finally:
             runtime.leave()
 

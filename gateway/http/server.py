@@ -117,8 +117,9 @@ class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
     __slots__ = (
-        "bodiless", "body", "chunked", "conn", "disconnected", "entered", "expect_100", "keep_alive", "left",
-        "more_body", "pending_head", "receiving", "refused", "response_complete", "response_started", "scope",
+        "bodiless", "body", "chunked", "conn", "disconnected", "entered", "expect_100", "gone", "keep_alive",
+        "left", "more_body", "pending_head", "receiving", "refused", "response_complete", "response_started",
+        "scope", "task",
     )
 
     def __init__(self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_100: bool) -> None:
@@ -138,6 +139,8 @@ class Exchange:
         self.left = -1  # bytes of body still owed under Content-Length (-1: not fixed)
         self.entered = False  # the app has been called: the request may have been counted and forwarded
         self.refused = False  # the parser refused it before the app was entered: the app never will be
+        self.task: asyncio.Task[None] | None = None  # the app's call, once started
+        self.gone = False  # the client closed the connection mid-request: its call was cancelled
 
     def wake(self) -> None:
         waiter = self.receiving
@@ -376,18 +379,34 @@ class HttpProtocol(asyncio.Protocol):
                 exchange.wake()
         if self.tunnel is not None:
             self.tunnel.end()
+        else:
+            self._cancel_gone(self.exchange)
         self.write_paused = False
         self._wake_drain()
 
+    @staticmethod
+    def _cancel_gone(exchange: Exchange | None) -> None:
+        """The client closed its connection while its request was in the app: nobody will read the
+        answer, so the app's call is cancelled at once, as nginx does (proxy_ignore_client_abort
+        off): the upstream request is abandoned (its connection closed), a leaky bucket's wait or a
+        WebSocket handshake ends, concurrency slots go back and settlement sees a 499 (SPEC 4)."""
+        if exchange is None or exchange.response_complete or exchange.task is None or exchange.task.done():
+            return
+        exchange.gone = True
+        exchange.task.cancel()
+
     def eof_received(self) -> bool:
-        """The client half-closed: a request it sent whole is still answered, then the connection
-        ends; one whose body can no longer arrive is a disconnect. A tunnel is told, and the app
-        closes it."""
+        """The client closed its side. As nginx reads it (proxy_ignore_client_abort off): the client
+        has gone, and a request of its still in the app is cancelled (`_cancel_gone`, once the
+        transport closes). A tunnel is told, and the app closes it. Only a request not yet in the
+        app (nothing has been counted or forwarded) is still answered, then the connection ends."""
         if self.tunnel is not None:
             self.tunnel.end()
             return True
         exchange = self.exchange
         if exchange is not None and not exchange.response_complete and not exchange.more_body:
+            if exchange.task is not None:
+                return False  # the transport closes: connection_lost cancels the call
             exchange.keep_alive = False
             return True  # keep the write side open for the answer
         return False
@@ -621,7 +640,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _start(self, exchange: Exchange) -> None:
         self.exchange = exchange
-        task = self.loop.create_task(self._run(exchange))
+        task = exchange.task = self.loop.create_task(self._run(exchange))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -631,11 +650,20 @@ class HttpProtocol(asyncio.Protocol):
         exchange.entered = True
         try:
             await self.app(exchange.scope, exchange.receive, exchange.send)
-        except asyncio.CancelledError as exc:
+        except asyncio.CancelledError:
             if self.tunnel is not None:  # a tunnel still open at the end of the drain timeout
                 self.transport.close()
                 raise
-            self._failed(exchange, exc)
+            if exchange.gone:  # the client left (`_cancel_gone`): the app has let go of everything
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                return
+            log.warning("a request was still in flight at the end of the drain timeout: cut off")
+            if not exchange.response_started and not self.transport.is_closing():
+                self._refuse(503, "the gateway is shutting down")
+            else:
+                self.transport.close()
             raise
         except BaseException as exc:
             self._failed(exchange, exc)
