@@ -89,13 +89,7 @@ class Lifecycle:
         runtime = self.runtime
         if runtime is None:
             return
-        if runtime.settler is not None:
-            await runtime.settler.drain()  # charges and refunds of the last answers
-        if runtime.leases is not None:
-            await runtime.leases.drain()  # slots of the last requests given back
-        for client in runtime.clients.values():
-            await client.close()
-        await runtime.limiter.close()
+        await runtime.close()
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:

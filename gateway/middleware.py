@@ -217,8 +217,8 @@ class RateLimitMiddleware:
             self._syncer.cancel()
             self._syncer = None
         runtime, self.runtime = self.runtime, None
-        if runtime is not None:
-            await runtime.limiter.close()
+        if runtime is not None:  # as the gateway's own lifespan ends: no refund or slot is lost
+            await runtime.close()
         if self.embedded is not None:
             self.embedded.stop()
             self.embedded = None

@@ -114,6 +114,18 @@ class Runtime:
         if self.retired and self.in_flight == 0:
             self.drained.set()
 
+    async def close(self) -> None:
+        """The end of every entry point's runtime (the gateway's lifespan, the middleware's): the
+        last answers' charges and refunds and the last requests' slots reach Redis, then the
+        upstream pools and the Redis connections close."""
+        if self.settler is not None:
+            await self.settler.drain()
+        if self.leases is not None:
+            await self.leases.drain()
+        for client in self.clients.values():
+            await client.close()
+        await self.limiter.close()
+
 
 def new_limiter(redis: RedisSettings) -> Limiter:
     """A limiter on `redis`, reporting its latency and breaker state to the metrics."""
