@@ -50,15 +50,15 @@ def test_the_middleware_stopping_right_after_its_answers_loses_no_refund_and_no_
     async def main() -> None:
         guarded = RateLimitMiddleware(app, config=str(config), redis_url=redis_proc.url)
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        outbox: list[str] = []
+        started = asyncio.Event()
 
         async def send(message: dict[str, Any]) -> None:
-            outbox.append(message["type"])
+            if message["type"] == "lifespan.startup.complete":
+                started.set()
 
         lifespan = asyncio.ensure_future(guarded({"type": "lifespan", "asgi": {"version": "3.0"}}, inbox.get, send))
         await inbox.put({"type": "lifespan.startup"})
-        while "lifespan.startup.complete" not in outbox:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(started.wait(), 30)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded), base_url="http://app") as client:
             answers = await asyncio.gather(*[client.get(path) for path in ["/refunded"] * 20 + ["/slots"] * 20])
         assert [a.status_code for a in answers] == [500] * 20 + [200] * 20
