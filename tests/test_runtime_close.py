@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def test_the_middleware_stopping_right_after_its_answers_loses_no_refund_and_no_
         inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         started = asyncio.Event()
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "lifespan.startup.complete":
                 started.set()
 
