@@ -36,8 +36,8 @@ from gateway.config import RedisSettings, parse_config
 from gateway.embedded import redis_server_binary
 from gateway.keys import rule_key
 from gateway.limiter import Limiter
+from gateway.plan import RoutePlan, route_plan
 from gateway.redis import make_runner
-from gateway.runtime import RoutePlan, route_plan
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until

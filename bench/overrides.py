@@ -41,7 +41,8 @@ from engine import instructions_per_call  # bench/engine.py, beside this file
 from gateway.config import RedisSettings, parse_config
 from gateway.keys import identity_token, state_key
 from gateway.limiter import Limiter, RuleSpec
-from gateway.overrides import Overrides, Store, canonical, entry
+from gateway.override_sync import Overrides
+from gateway.overrides import Store, canonical, entry
 from gateway.redis import make_runner
 from gateway.runtime import build_runtime
 from tests.support.redis_proc import RedisProcess

@@ -11,7 +11,7 @@ from starlette.types import Scope
 
 from gateway import metrics
 from gateway.config import Config
-from gateway.pipeline import Admit, Answer, RequestOutcome
+from gateway.outcome import Admit, Answer, RequestOutcome
 from gateway.top import TopRefused
 
 access_log = logging.getLogger("gateway.access")

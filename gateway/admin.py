@@ -57,7 +57,8 @@ from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 
 if TYPE_CHECKING:
-    from gateway.runtime import RoutePlan, Runtime
+    from gateway.plan import RoutePlan
+    from gateway.runtime import Runtime
     from gateway.settings import Settings
     from gateway.top import TopRefused
 

@@ -24,7 +24,7 @@ from gateway.check import CheckEndpoint
 from gateway.config import Config
 from gateway.endpoint import ProxyEndpoint
 from gateway.lifecycle import Lifecycle
-from gateway.pipeline import Limits
+from gateway.outcome import Limits
 from gateway.responses import problem
 from gateway.settings import Settings
 

@@ -29,7 +29,8 @@ from starlette.types import Receive, Scope, Send
 from gateway.accounting import Accounting
 from gateway.config import Config
 from gateway.errors import BadRequest
-from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
+from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.pipeline import decide
 from gateway.request_id import new_request_id
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime

@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide, decide_now
+from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.pipeline import decide, decide_now
 from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer

@@ -20,7 +20,7 @@ from gateway import metrics
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
-from gateway.overrides import Overrides, keep_in_step
+from gateway.override_sync import Overrides, keep_in_step
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
 from gateway.top import TopRefused

@@ -42,8 +42,9 @@ from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
-from gateway.overrides import Overrides, keep_in_step
-from gateway.pipeline import Admit, Answer, Limits, RequestOutcome, decide
+from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.override_sync import Overrides, keep_in_step
+from gateway.pipeline import decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings

@@ -17,8 +17,6 @@ which metrics and the access log read.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from enum import StrEnum
 from functools import partial
 from typing import NamedTuple
 
@@ -32,80 +30,17 @@ from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
 from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
 from gateway.overrides import RouteTable, overridden
+from gateway.plan import RoutePlan
 from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
-from gateway.runtime import RoutePlan, Runtime
+from gateway.runtime import Runtime
 from gateway.settlement import Settlement
 
 MAX_COST_HEADER = 1_000_000_000
 SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
-
-
-class RequestOutcome(StrEnum):
-    """What became of one request: the `outcome` label of the metrics and the access log."""
-
-    ADMITTED = "admitted"
-    FAILED_OPEN = "failed_open"          # Redis unavailable, forwarded unlimited (failure_mode: open)
-    REFUSED = "refused"                  # by a rule: Redis's decision, or one held in memory (DecidedBy)
-    FAILED_CLOSED = "failed_closed"      # Redis unavailable, refused (failure_mode: closed)
-    BAD_REQUEST = "bad_request"          # the request cannot be served as sent (4xx, 501)
-    CLIENT_GONE = "client_gone"          # the client left before the decision
-    NO_ROUTE = "no_route"
-    METHOD_NOT_ALLOWED = "method_not_allowed"
-
-
-class DecidedBy(StrEnum):
-    """Who decided: the `decided_by` label of the metrics and the access log."""
-
-    REDIS = "redis"    # the route's one script call
-    MEMORY = "memory"  # a refusal Redis gave, held in this worker's memory (gateway/refusals.py)
-    NONE = "none"      # no limit was asked: no rule applied, Redis unavailable, or an answer before any
-
-
-@dataclass(slots=True)
-class Limits:
-    """The per-request bounds the pipeline applies (from Settings)."""
-
-    max_head_bytes: int = 64 * 1024
-    body_timeout: float = 30.0  # a body read for a `body` identity may pause this long
-
-
-@dataclass(slots=True)
-class Answer:
-    """Send this instead of forwarding the request."""
-
-    status: int
-    headers: Headers
-    body: bytes
-    outcome: RequestOutcome
-    route: str = ""                 # "" when no route matched
-    rule: str = ""                  # the rule that refused, or whose identity was missing
-    close: bool = False             # the framing is in doubt: end the connection after it
-    request_id: bytes | None = None  # the client's X-Request-Id, when usable
-    decided_by: DecidedBy = DecidedBy.NONE
-    identity: str = ""              # the refusing rule's identity token (GET /limits/{route}/{rule}?key=)
-
-
-@dataclass(slots=True)
-class Admit:
-    """Forward the request (after `delay_ms`, for a leaky_bucket), adding `headers` to its response."""
-
-    request: Request
-    plan: RoutePlan
-    outcome: RequestOutcome          # ADMITTED, or FAILED_OPEN
-    headers: Headers                 # rate-limit headers for the response
-    delay_ms: int
-    body_prefix: bytes | None        # body already read for a `body` identity, to be sent first
-    more_body: bool                  # more of the body is still to come from the client
-    decided_by: DecidedBy = DecidedBy.NONE
-    settlement: Settlement | None = None  # what the answer may still charge or give back
-    lease: Lease | None = None            # concurrency slots held until the request ends
-
-    @property
-    def route(self) -> str:
-        return self.plan.route.name
 
 
 class Matched(NamedTuple):

@@ -32,7 +32,7 @@ from gateway.config import Route, Rule
 from gateway.limiter import Decision
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Answer
+    from gateway.outcome import Answer
 
 FIELD_COST = 136         # one (name, value) tuple, its slot in the key and the two bytes objects' headers
 ENTRY_COST = 2048        # the key tuple, its dict slot, the Seen with its keys and the refusal rendered

@@ -11,81 +11,18 @@ from dataclasses import dataclass, field, replace
 
 from gateway import metrics
 from gateway.breaker import Breaker, BreakerState
-from gateway.config import Config, RedisSettings, Route, Rule
+from gateway.config import Config, RedisSettings
 from gateway.identity import JwtVerifier
-from gateway.keys import shard_of, shard_tags, state_key
 from gateway.leases import Leases
-from gateway.limiter import Limiter, RuleSpec, rule_spec
+from gateway.limiter import Limiter
 from gateway.match import Router
 from gateway.overrides import RouteTable
+from gateway.plan import RoutePlan, route_plan
 from gateway.proxy import UpstreamClient
 from gateway.redis import CONNECT_TIMEOUT, make_runner
 from gateway.refusals import LocalRefusals
 from gateway.repeats import Repeats
 from gateway.settlement import Settler
-
-
-@dataclass(frozen=True)
-class RoutePlan:
-    route: Route
-    rules: tuple[Rule, ...]
-    args: tuple[RuleSpec, ...]
-    prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
-    needs_body: bool
-    client: UpstreamClient | None  # None: the middleware, which forwards to the app it wraps
-    # shards: N > 1 (gateway.keys): per shard, each rule's spec (its share where split) and key prefix;
-    # args and prefix_keys are shard 0's
-    shard_args: tuple[tuple[RuleSpec, ...], ...] = ()
-    shard_prefix_keys: tuple[tuple[str, ...], ...] = ()
-    # its identities are functions of the request's bytes alone (no JWT, no body): gateway/repeats.py
-    repeatable: bool = False
-    # counting by the answer (gateway/settlement.py): per shard, the specs of the settling script,
-    # and the response fields that declare a cost (withheld from the client)
-    shard_settle_args: tuple[tuple[RuleSpec, ...], ...] = ()
-    withheld: frozenset[bytes] = frozenset()
-    holds_slots: bool = False  # concurrency rules: a request holds its slots while in flight (gateway/leases.py)
-
-    @property
-    def settles(self) -> bool:
-        return bool(self.shard_settle_args)
-
-    @property
-    def shards(self) -> int:
-        return self.route.shards
-
-    def shard_of(self, first_parts: list[bytes] | None) -> int:
-        """The shard of a request whose first rule has these identity parts."""
-        return shard_of(first_parts or (), self.route.shards)
-
-
-def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> RoutePlan:
-    shards = route.shards
-    tags = shard_tags(route.name, shards)
-    split = route.split
-    shared: dict[tuple[RuleSpec, ...], tuple[RuleSpec, ...]] = {}  # N shards, at most rules + 1 kinds
-    shard_args = []
-    for shard in range(shards):
-        specs = tuple(rule_spec(rule, shards, shard) if cut else rule_spec(rule)
-                      for rule, cut in zip(route.limits, split, strict=True))
-        shard_args.append(shared.setdefault(specs, specs))
-    shard_prefix_keys = tuple(
-        tuple(state_key(key_prefix, route.name, rule.name, "", tag) for rule in route.limits) for tag in tags
-    )
-    return RoutePlan(
-        route=route,
-        rules=route.limits,
-        args=shard_args[0],
-        prefix_keys=shard_prefix_keys[0],
-        needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
-        client=client,
-        shard_args=tuple(shard_args),
-        shard_prefix_keys=shard_prefix_keys,
-        repeatable=not any(s.kind in ("body", "jwt") for rule in route.limits for s in rule.by),
-        shard_settle_args=tuple(tuple(spec.settling() for spec in specs) for specs in shard_args)
-        if any(rule.settles for rule in route.limits) else (),
-        withheld=frozenset(rule.cost_response_header.encode() for rule in route.limits if rule.cost_response_header),
-        holds_slots=any(rule.algorithm == "concurrency" for rule in route.limits),
-    )
 
 
 @dataclass

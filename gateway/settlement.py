@@ -32,7 +32,7 @@ from gateway.limiter import Decision, Limiter, RuleSpec
 from gateway.refusals import LocalRefusals
 
 if TYPE_CHECKING:
-    from gateway.runtime import RoutePlan
+    from gateway.plan import RoutePlan
 
 log = logging.getLogger("gateway.settlement")
 

@@ -24,8 +24,8 @@ from gateway.config import RedisSettings, parse_config
 from gateway.errors import RedisUnavailable
 from gateway.keys import rule_key
 from gateway.limiter import Limiter
+from gateway.plan import RoutePlan, route_plan
 from gateway.redis import ClusterRunner, make_runner
-from gateway.runtime import RoutePlan, route_plan
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess

@@ -15,8 +15,8 @@ import pytest
 from gateway.config import RedisSettings, parse_config
 from gateway.limiter import Limiter, rule_spec
 from gateway.overrides import Store, canonical, entry
+from gateway.plan import route_plan
 from gateway.redis import make_runner
-from gateway.runtime import route_plan
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream

@@ -8,7 +8,8 @@ import uuid
 
 from gateway.config import RedisSettings, parse_config
 from gateway.limiter import Limiter
-from gateway.overrides import CHANGES, Overrides, Store, canonical
+from gateway.override_sync import Overrides
+from gateway.overrides import CHANGES, Store, canonical
 from gateway.redis import make_runner
 from gateway.runtime import Runtime, build_runtime
 from tests.support.redis_proc import RedisProcess

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, load_config
-from gateway.pipeline import Admit, Answer, DecidedBy, Limits, RequestOutcome, decide, decide_now
+from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
+from gateway.pipeline import decide, decide_now
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess

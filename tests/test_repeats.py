@@ -11,7 +11,7 @@ import pytest
 
 from gateway.config import Route
 from gateway.limiter import Decision, Outcome, RuleState
-from gateway.pipeline import Answer, RequestOutcome
+from gateway.outcome import Answer, RequestOutcome
 from gateway.repeats import MAX_BYTES, MAX_ENTRY_BYTES, Repeats, Seen, request_key
 
 ROUTE = Route(name="r", path="/x", methods=None, host=None, upstream=None, limits=())

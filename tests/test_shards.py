@@ -20,7 +20,7 @@ from gateway.config import Rule, Source, keeps_full_limit, parse_config, shard_s
 from gateway.decision_script import rule_spec
 from gateway.keys import SLOTS, rule_key, shard_of, shard_tags, slot, state_key
 from gateway.limiter import Decision
-from gateway.runtime import route_plan
+from gateway.plan import route_plan
 from tests.support.limiter_engine import T0, Engine, clocked_server
 from tests.support.redis_proc import binaries
 
