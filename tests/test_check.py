@@ -6,9 +6,11 @@ start-up with file:line:key. The real nginx, Caddy and Envoy in front: tests/tes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +49,10 @@ routes:
     match: {{path: /open}}
     upstream: up
     limits: [{{name: g, by: [], algorithm: gcra, rate: 1000/s, burst: 1000}}]
+  - name: leaky
+    match: {{path: /leaky}}
+    upstream: up
+    limits: [{{name: drip, by: [header:X-Run], algorithm: leaky_bucket, rate: 5/s, burst: 5}}]
 """
 
 
@@ -285,3 +291,20 @@ def test_a_pinned_convention_believes_no_other(tmp_path: Path, redis: RedisProce
 def test_auto_reads_the_first_convention_the_request_carries(gateway: GatewayProcess) -> None:
     spoofed = {**nginx("GET", "/shop/8", "auto"), "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/free"}
     assert [check(gateway, spoofed).status_code for _ in range(4)] == [200] * 4  # /free: no route
+
+
+def test_a_leaky_bucket_delays_the_checks_answer_so_the_proxy_forwards_at_the_rate(gateway: GatewayProcess) -> None:
+    """The proxy in front waits for the check's answer: a leaky bucket's place in the queue is that
+    wait (as on the proxy port, where the gateway itself holds the request)."""
+    async def run() -> list[tuple[int, float]]:
+        async with httpx.AsyncClient(base_url=gateway.check_url, timeout=10) as client:  # type: ignore[attr-defined]
+            async def one() -> tuple[int, float]:
+                answer = await client.get("/", headers={**traefik("GET", "/leaky", "u"), "X-Run": "drip-run"})
+                return answer.status_code, time.monotonic()
+
+            return await asyncio.gather(*[one() for _ in range(8)])
+
+    answers = asyncio.run(run())
+    admitted = sorted(at for status, at in answers if status == 200)
+    assert len(admitted) == 6 and sum(status == 429 for status, _ in answers) == 2
+    assert admitted[-1] - admitted[0] >= 0.95  # spaced at the rate (5/s): 5 intervals
