@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import Accounting
+from gateway.admitted import Admitted
 from gateway.config import Config
 from gateway.errors import BadRequest
 from gateway.outcome import Admit, Answer, Limits, RequestOutcome
@@ -75,9 +76,8 @@ class CheckEndpoint:
                 result = await decide(runtime, original, receive, self.limits)
             request_id = new_request_id()
             if isinstance(result, Admit):
-                if result.delay_ms > 0:  # a leaky_bucket's place in the queue: the proxy waits for it
-                    await asyncio.sleep(result.delay_ms / 1000)
-                status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
+                async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
+                    status = after.status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
             elif result.outcome is RequestOutcome.CLIENT_GONE:
                 status = 499
             elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):

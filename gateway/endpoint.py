@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import metrics
 from gateway.accounting import Accounting
+from gateway.admitted import Admitted
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.outcome import Admit, Answer, Limits, RequestOutcome
 from gateway.pipeline import decide, decide_now
@@ -54,19 +55,14 @@ class ProxyEndpoint:
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
             else:
                 request_id = request_id_for(result.request.request_id)
-                lease, leases = result.lease, runtime.leases
-                if lease is not None and leases is not None:
-                    leases.hold(lease)  # its slots while it is in flight (a tunnel too), given back however it ends
-                try:
-                    if result.settlement is None and not result.request.upgrade:  # the common case, directly
+                async with Admitted(runtime, result) as after:
+                    if not after.settles and not result.request.upgrade:  # the common case, directly
                         status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout,
                                                       None)
                     else:
-                        status = await _forward(result, receive, send, request_id, self.limits.body_timeout,
-                                                runtime, scope)
-                finally:
-                    if lease is not None and leases is not None:
-                        leases.release(lease)
+                        status = await _forward(after, result, receive, send, request_id, self.limits.body_timeout,
+                                                scope)
+                    after.status = status
             self.accounting.account(runtime.config, scope, request_id, result, status, started)
         except asyncio.CancelledError:  # the client left (the server cancels its call), or the drain ended
             self.accounting.account(runtime.config, scope, request_id or new_request_id(), result, 499, started)
@@ -96,35 +92,28 @@ async def _send(send: Send, answer: Answer, request_id: bytes) -> int:
     return await send_answer(send, (answer.status, headers, answer.body))
 
 
-async def _forward(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
-                   runtime: Runtime, scope: Scope) -> int:
+async def _forward(after: Admitted, admit: Admit, receive: Receive, send: Send, request_id: bytes,
+                   body_timeout: float, scope: Scope) -> int:
     switched = None
     if admit.request.upgrade:
         accept = upgrade_acceptor(scope)
         if accept is None:  # a server that cannot hand the connection over (uvicorn's own protocol)
             return await _reply(send, problem(501, "this server cannot switch protocols"), request_id)
         switched = switcher(accept, admit.plan.route.websocket_idle_timeout)
-    settlement, settler = admit.settlement, runtime.settler
-    if settlement is None or settler is None:
+    if not after.settles:
         return await _forward_as_is(admit, receive, send, request_id, body_timeout, None, switched)
     withheld = admit.plan.withheld
 
     def on_head(status: int, fields: httpx.Headers) -> frozenset[bytes]:
-        settler.settle(settlement, status, fields)  # charged or refunded as the answer's head arrives
+        after.answered(status, fields)  # charged or refunded as the answer's head arrives
         return withheld
 
-    status = 499
-    try:
-        status = await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
-    finally:  # no head came: the gateway's own answer (502, 504, 408), or the client left (499)
-        settler.settle(settlement, status, None)
-    return status
+    # no head coming (the gateway's own 502, 504, 408, or the client gone): `after` settles the status
+    return await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
 
 
 async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
                          on_head: HeadHook | None, switched: Switched | None = None) -> int:
-    if admit.delay_ms > 0:
-        await asyncio.sleep(admit.delay_ms / 1000)
     client = admit.plan.client
     assert client is not None, "a proxied route has an upstream"
     body = None

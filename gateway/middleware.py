@@ -38,6 +38,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admitted import Admitted
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError, RedisUnavailable
@@ -48,7 +49,6 @@ from gateway.pipeline import decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, redis_settings
-from gateway.settlement import Settlement, Settler
 
 log = logging.getLogger("gateway")
 
@@ -93,35 +93,22 @@ class RateLimitMiddleware:
             elif result.outcome is not RequestOutcome.CLIENT_GONE:
                 await send_answer(send, (result.status, result.headers, result.body))
             return
-        lease, leases = result.lease, runtime.leases
-        if lease is not None and leases is not None:
-            leases.hold(lease)  # its slots while the app answers, given back however it ends
-        try:
-            if result.delay_ms > 0:
-                await asyncio.sleep(result.delay_ms / 1000)
+        async with Admitted(runtime, result) as after:  # slots held while the app answers, the delay waited
             if result.body_prefix is not None and result.request.has_body:
                 receive = _replay(result.body_prefix, result.more_body, receive)
             if result.headers:
                 send = _with_headers(send, result.headers)
-            await self._call_app(runtime, result, scope, receive, send)
-        finally:
-            if lease is not None and leases is not None:
-                leases.release(lease)
+            await self._call_app(after, result, scope, receive, send)
 
-    async def _call_app(self, runtime: Runtime, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
-        settlement, settler = result.settlement, runtime.settler
-        if settlement is None or settler is None:
+    async def _call_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
+        if not after.settles:
             await self.app(_as_decided(scope, result.request), receive, send)
             return
-        status = 499  # the app answered nothing: the client left
-        try:
-            await self.app(_as_decided(scope, result.request), receive,
-                           _settling(send, settler, settlement, result.plan.withheld))
+        try:  # the app answered nothing: 499 (`after`'s default), the client left
+            await self.app(_as_decided(scope, result.request), receive, _settling(send, after, result.plan.withheld))
         except BaseException:
-            status = 500
+            after.status = 500
             raise
-        finally:
-            settler.settle(settlement, status, None)  # once: a no-op when the answer's head settled it
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One WebSocket scope, decided at its handshake (before the app can accept it)."""
@@ -136,23 +123,14 @@ class RateLimitMiddleware:
             elif result.outcome is not RequestOutcome.CLIENT_GONE:
                 await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
             return
-        lease, leases = result.lease, runtime.leases
-        if lease is not None and leases is not None:
-            leases.hold(lease)  # its concurrency slots while the socket is open, given back when it closes
-        try:
-            await self._websocket_app(runtime, result, scope, receive, send)
-        finally:
-            if lease is not None and leases is not None:
-                leases.release(lease)
+        async with Admitted(runtime, result) as after:  # slots held while the socket is open
+            await self._websocket_app(after, result, scope, receive, send)
 
-    async def _websocket_app(self, runtime: Runtime, result: Admit, scope: Scope, receive: Receive,
+    async def _websocket_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive,
                              send: Send) -> None:
-        if result.delay_ms > 0:
-            await asyncio.sleep(result.delay_ms / 1000)
         if result.headers:
             send = _with_headers(send, result.headers, "websocket.accept")
-        settlement, settler = result.settlement, runtime.settler
-        if settlement is None or settler is None:
+        if not after.settles:
             await self.app(_as_decided(scope, result.request), receive, send)
             return
         accepted = False
@@ -165,7 +143,7 @@ class RateLimitMiddleware:
         try:  # counted by the answer: a 101 when the app accepted, else the 403 servers answer for it
             await self.app(_as_decided(scope, result.request), receive, sending)
         finally:
-            settler.settle(settlement, 101 if accepted else 403, None)
+            after.status = 101 if accepted else 403
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def starting(message: Message) -> None:
@@ -303,14 +281,14 @@ async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, answer: 
     await send({"type": "websocket.close", "code": code, "reason": reason})
 
 
-def _settling(send: Send, settler: Settler, settlement: Settlement, withheld: frozenset[bytes]) -> Send:
+def _settling(send: Send, after: Admitted, withheld: frozenset[bytes]) -> Send:
     """Charges and refunds as the app's answer starts (counting by the answer), the fields that
     declare a cost withheld from the client."""
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             fields = [(name.lower(), value) for name, value in message.get("headers", ())]
             declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
-            settler.settle(settlement, message["status"], declared)
+            after.answered(message["status"], declared)
             if declared:
                 kept = [field for field in message.get("headers", ()) if field[0].lower() not in withheld]
                 message = {**message, "headers": kept}
