@@ -98,7 +98,8 @@ def wrk(url: str, load: run.Load, duration: float, script: Path | None) -> dict[
         return run.wrk(url, load, duration)
     args = ["wrk", f"-t{load.threads}", f"-c{load.connections}", f"-d{max(1, round(duration))}s", "--latency",
             "--timeout", "5s", "-s", str(script), url + "/"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60, check=True)
+    env = dict(os.environ, BENCH_REPORT_LUA=str(run.WRK_SCRIPT))  # check.lua builds on report.lua
+    done = subprocess.run(args, capture_output=True, text=True, timeout=duration + 60, check=True, env=env)
     line = next(x for x in done.stdout.splitlines() if x.startswith("BENCH_JSON "))
     result: dict[str, Any] = json.loads(line.removeprefix("BENCH_JSON "))
     return result

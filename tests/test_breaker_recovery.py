@@ -32,7 +32,7 @@ from gateway.keys import state_key
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
-from tests.support.sentinel import Sentinel
+from tests.support.sentinel import Sentinel, sentinel_topology
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
@@ -219,14 +219,13 @@ def test_limits_apply_again_under_load_after_a_fault(
 
 
 def test_limits_apply_again_under_load_after_a_sentinel_failover(upstream: Upstream, tmp_path: Path) -> None:
-    primary = RedisProcess()
-    primary.start()
-    replica = RedisProcess(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
-    replica.start()
-    wait_until(lambda: primary.client().info("replication")["connected_slaves"] == 1)
-    sentinel = Sentinel(primary.port, tmp_path)
-    sentinel.start()
-    _first_in_line(primary, replica, sentinel)
+    with sentinel_topology(tmp_path) as (primary, replica, sentinel):
+        _first_in_line(primary, replica, sentinel)
+        _sentinel_failover(upstream, tmp_path, primary, replica, sentinel)
+
+
+def _sentinel_failover(upstream: Upstream, tmp_path: Path, primary: RedisProcess, replica: RedisProcess,
+                       sentinel: Sentinel) -> None:
     gateway: GatewayProcess | None = None
     try:
         def promoted() -> bool:
@@ -248,8 +247,6 @@ def test_limits_apply_again_under_load_after_a_sentinel_failover(upstream: Upstr
     finally:
         if gateway is not None:
             assert gateway.stop() == 0
-        for proc in (sentinel, replica, primary):
-            proc.stop()
     assert "Traceback" not in gateway.log()
 
 

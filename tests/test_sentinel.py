@@ -17,37 +17,14 @@ from gateway.limiter import Limiter, rule_spec
 from gateway.redis import SentinelRunner, make_runner
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
-from tests.support.sentinel import Sentinel
+from tests.support.sentinel import Sentinel, sentinel_topology
 from tests.support.waiting import wait_until
 
 
 @pytest.fixture
 def topology(tmp_path: Path) -> Iterator[tuple[RedisProcess, RedisProcess, Sentinel]]:
-    primary = RedisProcess()
-    primary.start()
-    replica = RedisProcess(extra_args=("--replicaof", "127.0.0.1", str(primary.port)))
-    replica.start()
-    wait_until(lambda: primary.client().info("replication")["connected_slaves"] == 1)
-    sentinel = Sentinel(primary.port, tmp_path)
-    sentinel.start()
-    wait_until(lambda: _known_replicas(sentinel) >= 1, timeout=30)
-    yield primary, replica, sentinel
-    for proc in (sentinel, replica, primary):
-        proc.stop()
-
-
-def _known_replicas(sentinel: Sentinel) -> int:
-    replicas = sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")
-    healthy = 0
-    for entry in replicas:
-        # a raw reply: a flat [name, value, ...] list per replica, or a map (RESP3 / a response
-        # callback), with bytes or str names, so its values have no static type
-        fields: Any = dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list) else entry
-        flags = fields.get(b"flags", fields.get("flags", b""))
-        link = fields.get(b"master-link-status", fields.get("master-link-status", b""))
-        if b"s_down" not in flags and link in (b"ok", "ok"):
-            healthy += 1
-    return healthy
+    with sentinel_topology(tmp_path) as processes:
+        yield processes
 
 
 def _primary_port(sentinel: Sentinel) -> int:
