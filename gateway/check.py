@@ -5,7 +5,8 @@ Every request on the check port asks "may this request pass?" about another requ
 proxy in front holds. `original_scope` rebuilds that request from the proxy's convention, and the
 pipeline (gateway/pipeline.py) decides it exactly as on the proxy port: same routes, identities,
 canonical request, one script call, refusals held in memory, overrides, metrics. Nothing is ever
-forwarded, so no rule that needs the upstream's answer can be decided here (`answer_rules`).
+forwarded, so no rule that needs the upstream's answer can be decided here: the loader refuses
+them while the check port is on (`Rule.unseen_by_a_check`).
 
     Admitted (or failed open)   200, empty body, the rate-limit headers for the proxy to copy
     Refused                     section 4's answer (429 + Retry-After + problem+json, 503, 400)
@@ -30,7 +31,7 @@ from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.config import Config
 from gateway.errors import BadRequest
-from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.outcome import GONE, Admit, Answer, Limits, RequestOutcome
 from gateway.pipeline import decide
 from gateway.request_id import new_request_id
 from gateway.responses import Headers, problem, send_answer
@@ -86,8 +87,7 @@ class CheckEndpoint:
                 status = await send_answer(send, _denied(config, result))
             self.accounting.account(config, original, request_id, result, status, started)
         except asyncio.CancelledError:  # the proxy in front hung up: it will not read the answer
-            self.accounting.account(config, scope, new_request_id(), Answer(499, [], b"", RequestOutcome.CLIENT_GONE),
-                                    499, started)
+            self.accounting.account(config, scope, new_request_id(), GONE, 499, started)
             raise
         finally:
             runtime.leave()
@@ -186,26 +186,3 @@ def _absolute(url: bytes) -> tuple[bytes | None, bytes]:
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return parts.netloc.encode(), target.encode()
 
-
-def answer_rules(config: Config) -> list[str]:
-    """The rules the check port cannot decide: each needs what only the proxy in front sees (the
-    upstream's answer, or the request's body). One line each, naming route and rule."""
-    problems = []
-    for route in config.routes:
-        for rule in route.limits:
-            needs = []
-            if rule.count_on:
-                needs.append("count_on")
-            if rule.refund_on:
-                needs.append("refund_on")
-            if rule.cost_response_header:
-                needs.append("cost: response_header")
-            if rule.algorithm == "concurrency":
-                needs.append("algorithm: concurrency")
-            if any(source.kind == "body" for source in rule.by):
-                needs.append("by: body")
-            if needs:
-                problems.append(
-                    f"{config.source}: routes.{route.name}.limits.{rule.name}: {', '.join(needs)} needs the "
-                    "upstream's answer or the request's body, which the check port (--check-port) never sees")
-    return problems

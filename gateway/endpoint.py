@@ -21,7 +21,7 @@ from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.outcome import GONE, Admit, Answer, Limits, RequestOutcome
 from gateway.pipeline import decide, decide_now
 from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
@@ -30,7 +30,6 @@ from gateway.runtime import Runtime
 from gateway.tunnel import switcher, upgrade_acceptor
 
 Reply = tuple[int, Headers, bytes]
-_GONE = Answer(499, [], b"", RequestOutcome.CLIENT_GONE)  # a call cancelled before its decision
 
 
 class ProxyEndpoint:
@@ -46,7 +45,7 @@ class ProxyEndpoint:
         assert runtime is not None, "the lifespan starts the runtime before any request"
         runtime.enter()
         started = time.perf_counter()
-        result: Admit | Answer = _GONE
+        result: Admit | Answer = GONE  # until decided: a call cancelled before it was
         request_id = b""
         try:
             result = await decide(runtime, scope, receive, self.limits)

@@ -215,13 +215,10 @@ class Limiter:
                 self._report(breaker)
                 log.info("Redis still unavailable%s (%s): probe %d failed", _where(domain), exc, attempts)
                 continue
-            if self.on_open_time:
-                self.on_open_time(breaker.open_time())
             spent = breaker.close()
+            self._report(breaker)
             log.warning("Redis answers again%s: breaker closed after %.1fs, limits apply",
                         _where(domain), spent)
-            if self.on_breaker:
-                self.on_breaker(self.breaker_state)
             return
 
     def _report(self, breaker: Breaker) -> None:

@@ -77,3 +77,6 @@ class Admit:
     @property
     def route(self) -> str:
         return self.plan.route.name
+
+
+GONE = Answer(499, [], b"", RequestOutcome.CLIENT_GONE)  # what a call cancelled before its answer is counted as

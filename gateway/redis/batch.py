@@ -82,6 +82,15 @@ async def exchange(connection: AbstractConnection, commands: Sequence[tuple[Arg,
     return out
 
 
+async def warm(connection: AbstractConnection, scripts: Sequence[Script]) -> None:
+    """The breaker's probe on one connection: connect, `SCRIPT LOAD` each script, see a PING
+    answered. An error reply raises (redis-py's ResponseError), as a failure does."""
+    replies = await exchange(connection, [*(("SCRIPT", "LOAD", script.source) for script in scripts), ("PING",)])
+    failed = next((reply for reply in replies if isinstance(reply, BaseException)), None)
+    if failed is not None:
+        raise failed
+
+
 def reply_waiting(connection: AbstractConnection) -> bool:
     """Has Redis answered on `connection`: bytes read from the socket and not parsed yet, or bytes
     in the socket that the loop has not read yet? (Asked only when a deadline passes.)"""

@@ -43,7 +43,7 @@ from typing import Any
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting
+from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting, warm
 from gateway.redis.errors import REDIS_FAILURES, convert
 from gateway.scripts import Script
 
@@ -210,7 +210,6 @@ class ClusterRunner(Batcher):
         over), `scripts` loaded on a connection of the slot's node and the node answering, within
         `timeout`; the connection goes back to the node for the next batch. Raises RedisUnavailable."""
         manager = self.cluster.nodes_manager
-        commands: list[tuple[Arg, ...]] = [*(("SCRIPT", "LOAD", s.source) for s in scripts), ("PING",)]
         try:
             async with asyncio.timeout(timeout):
                 reads = self._map_reads
@@ -222,12 +221,9 @@ class ClusterRunner(Batcher):
                 connection = node.acquire_connection()
                 try:
                     await node.disconnect_if_needed(connection)
-                    replies = await exchange(connection, commands)
+                    await warm(connection, scripts)
                 finally:
                     node.release(connection)
-            failed = next((reply for reply in replies if isinstance(reply, BaseException)), None)
-            if failed is not None:
-                raise failed
         except REDIS_FAILURES as exc:
             raise convert(exc) from exc
         self._answering = True

@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting
+from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting, warm
 from gateway.redis.errors import REDIS_FAILURES, convert
 from gateway.scripts import Script
 
@@ -103,10 +103,7 @@ class PipelineRunner(Batcher):
         try:
             async with asyncio.timeout(timeout):
                 connection = await pool.get_connection()
-                replies = await exchange(connection, [*(("SCRIPT", "LOAD", s.source) for s in scripts), ("PING",)])
-            failed = next((reply for reply in replies if isinstance(reply, BaseException)), None)
-            if failed is not None:
-                raise failed
+                await warm(connection, scripts)
         except BaseException as exc:
             if connection is not None:
                 await self._put_back(connection)
