@@ -30,7 +30,8 @@ The budget is for Redis's time, not the event loop's (issue 27). A saturated wor
 milliseconds of other requests' work between a reply's arrival and the step that reads it, and
 uvloop runs a due timer before it polls the sockets at all. So a deadline that passes is checked
 against the wire: a batch whose reply is already waiting (in the socket, or read and not yet parsed:
-`reply_waiting`) was answered in time and gets a new budget instead of failing; and calls that
+`reply_waiting`), or that read replies since its budget began (a large pipeline's come as Redis
+works through it), was answered in time and gets a new budget instead of failing; and calls that
 spent their budget queued behind a batch Redis answered get one from their own batch's start.
 Only a batch that Redis leaves unanswered for a whole budget fails, and only calls queued behind
 one that failed fail without being sent. Counting the loop's time had failed decisions Redis
@@ -149,6 +150,7 @@ class Batcher:
         self._expired: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
         self._answering = True  # did Redis answer the last batch that ended? (see the module's doc)
+        self._progress: dict[asyncio.Task[None], int] = {}  # replies a batch had read at its last deadline
 
     def failure_domain(self, key: str) -> int | None:
         """One server (or one Sentinel-named primary) holds every key: one domain."""
@@ -183,10 +185,12 @@ class Batcher:
             if task in self._expired:
                 continue
             if deadline <= now:
-                if not self._replied(task):
+                read = self._replies_read(task)
+                if read <= self._progress.get(task, 0) and not self._replied(task):
                     self._expired.add(task)
                     task.cancel()
                     continue
+                self._progress[task] = read  # Redis answers: the rest of its replies get a budget
                 deadline = self._in_flight[task] = now + self.timeout
             if upcoming is None or deadline < upcoming:
                 upcoming = deadline
@@ -196,6 +200,11 @@ class Batcher:
     def _replied(self, task: asyncio.Task[None]) -> bool:
         """Is a reply to `task`'s batch waiting on every connection the batch still reads?"""
         return False
+
+    def _replies_read(self, task: asyncio.Task[None]) -> int:
+        """Replies of `task`'s batch read so far. Redis writes a large pipeline's replies as it
+        works through it, so a batch still reading them when its budget ends is being answered."""
+        return 0
 
     async def _execute(self, deadline: float) -> None:
         self._next = None
@@ -236,6 +245,7 @@ class Batcher:
         finally:
             del self._in_flight[task]
             self._expired.discard(task)
+            self._progress.pop(task, None)
             if self._pending and self._next is None:
                 self._start(loop)
 

@@ -74,7 +74,8 @@ class ClusterRunner(Batcher):
         self.cluster = cluster
         self.redirects: Counter[str] = Counter()  # replies answered by sending again, by kind
         self._refresh: asyncio.Task[None] | None = None
-        self._reading: dict[asyncio.Task[None], list[Any]] = {}  # batch -> the connections it reads
+        # batch -> the connections it reads, each with the list its replies are read into
+        self._reading: dict[asyncio.Task[None], list[tuple[Any, list[Any]]]] = {}
         self._map_lock = asyncio.Lock()
         self._map_reads = 0
 
@@ -82,8 +83,11 @@ class ClusterRunner(Batcher):
         return int(self.cluster.keyslot(key))
 
     def _replied(self, task: asyncio.Task[None]) -> bool:
-        connections = self._reading.get(task, [])
-        return bool(connections) and all(reply_waiting(connection) for connection in connections)
+        reading = self._reading.get(task, [])
+        return bool(reading) and all(reply_waiting(connection) for connection, _ in reading)
+
+    def _replies_read(self, task: asyncio.Task[None]) -> int:
+        return sum(len(replies) for _, replies in self._reading.get(task, []))
 
     async def _send(self, batch: list[Call]) -> None:
         _BATCH.set(asyncio.current_task())
@@ -189,7 +193,8 @@ class ClusterRunner(Batcher):
             return [exc] * len(items)
         batch = _BATCH.get()
         reading = self._reading.setdefault(batch, []) if batch is not None else []
-        reading.append(connection)
+        mine = (connection, replies)
+        reading.append(mine)
         try:
             await node.disconnect_if_needed(connection)
             await exchange(connection, commands, replies)
@@ -200,7 +205,7 @@ class ClusterRunner(Batcher):
             replies.extend([exc] * (len(commands) - len(replies)))
         finally:
             node.release(connection)
-            reading.remove(connection)
+            reading.remove(mine)
             if not reading and batch is not None:
                 self._reading.pop(batch, None)
         return [replies[i] for i in at]

@@ -43,6 +43,7 @@ class PipelineRunner(Batcher):
         self.client = client  # its pool: the decisions' connection, and ping/delete for the admin port
         self._connection: AbstractConnection | None = None
         self._spare: AbstractConnection | None = None  # made ready by `prepare`, for the next batch
+        self._replies: list[Any] = []  # those of the round on the wire (one batch at a time)
 
     async def _pipeline(self, commands: Sequence[tuple[Arg, ...]]) -> list[Any]:
         """Send the commands on the runner's connection; a reply or an error reply per command."""
@@ -57,7 +58,8 @@ class PipelineRunner(Batcher):
             connection = self._connection = await self.client.connection_pool.get_connection()
         elif connection.should_reconnect():
             await connection.disconnect()
-        return await exchange(connection, commands)
+        replies = self._replies = []
+        return await exchange(connection, commands, replies)
 
     async def _send(self, batch: list[Call]) -> None:
         """At most two rounds: the second carries the calls that met NOSCRIPT (headed by SCRIPT
@@ -94,6 +96,9 @@ class PipelineRunner(Batcher):
     def _replied(self, task: asyncio.Task[None]) -> bool:
         connection = self._connection  # the one batch in flight is on it
         return connection is not None and reply_waiting(connection)
+
+    def _replies_read(self, task: asyncio.Task[None]) -> int:
+        return len(self._replies)
 
     async def prepare(self, key: str, scripts: Sequence[Script], timeout: float) -> None:
         """The breaker's probe: a new connection, `scripts` loaded on it and Redis answering,
