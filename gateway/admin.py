@@ -225,11 +225,12 @@ def admin_app(control: AdminControl) -> Starlette:
     async def list_limits(request: Request) -> Response:
         runtime = _runtime(control)
         routes = []
-        for route in runtime.config.routes:
+        domains = {domain.route.name: domain.name for domain in runtime.config.rls}
+        for route in runtime.config.limited_routes:
             routes.append({
                 "name": route.name,
                 "match": {"path": route.path, "methods": sorted(route.methods) if route.methods else None,
-                          "host": route.host},
+                          "host": route.host} if route.name not in domains else {"rls_domain": domains[route.name]},
                 "upstream": route.upstream.name if route.upstream else None,
                 "failure_mode": route.failure_mode,
                 "headers": route.headers,
@@ -345,7 +346,7 @@ def admin_app(control: AdminControl) -> Starlette:
     async def list_overrides(request: Request) -> Response:
         runtime = _runtime(control)
         store = Store(runtime.limiter, runtime.redis.key_prefix)
-        rules = [(route, rule) for route in runtime.config.routes for rule in route.limits]
+        rules = [(route, rule) for route in runtime.config.limited_routes for rule in route.limits]
         limit = _page_limit(request)
         at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
         if limit is None or not (_whole(at) and _whole(cursor)):

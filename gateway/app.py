@@ -26,6 +26,8 @@ from gateway.endpoint import ProxyEndpoint
 from gateway.lifecycle import Lifecycle
 from gateway.outcome import Limits
 from gateway.responses import problem
+from gateway.rls.server import GrpcServer
+from gateway.rls.service import HEALTH_CHECK, SHOULD_RATE_LIMIT, RateLimitService, health
 from gateway.settings import Settings
 
 
@@ -34,6 +36,7 @@ class Composed:
     app: Starlette
     lifecycle: Lifecycle
     endpoint: ProxyEndpoint  # its `answer_early` is the server protocol's early path
+    rls_server: GrpcServer | None = None  # Envoy's rate limit service, on its own socket (--rls-port)
 
 
 def compose(settings: Settings, config: Config | None = None, transport: str = "lean") -> Composed:
@@ -49,7 +52,12 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
         lifespan=lifecycle.lifespan,
         exception_handlers={Exception: _internal_error},
     )
-    return Composed(app, lifecycle, endpoint)
+    rls_server = None
+    if settings.rls_port is not None:
+        service = RateLimitService(lifecycle.current)
+        rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): service.should_rate_limit},
+                                {HEALTH_CHECK.encode(): lambda body: health(body, lifecycle.current())})
+    return Composed(app, lifecycle, endpoint, rls_server)
 
 
 class _Endpoint(BaseRoute):

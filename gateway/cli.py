@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="worker processes (env GATEWAY_WORKERS; default 1)")
     serve.add_argument("--check-port", type=int, help="the check endpoint: forward-auth for nginx, Envoy, "
                        "Traefik and Caddy (env GATEWAY_CHECK_PORT; default off)")
+    serve.add_argument("--rls-port", type=int, help="Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) "
+                       "for Envoy, Istio, Contour and Gloo (env GATEWAY_RLS_PORT; default off)")
     serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
     serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
                        "default: none, state is in memory and gone on exit)")
@@ -61,7 +63,7 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settin
         "config_path": args.config, "host": args.host, "port": args.port,
         "admin_host": args.admin_host, "admin_port": args.admin_port,
         "workers": args.workers, "redis_url": args.redis_url, "data_dir": args.data_dir,
-        "check_port": args.check_port,
+        "check_port": args.check_port, "rls_port": args.rls_port,
     }
     return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
 
@@ -89,9 +91,10 @@ def check(path: str) -> int:
             print(problem, file=sys.stderr)
         print(f"{path}: {len(exc.problems)} error(s)", file=sys.stderr)
         return 2
-    rules = sum(len(r.limits) for r in config.routes)
+    rules = sum(len(r.limits) for r in config.limited_routes)
     counts = ", ".join(_counted(n, noun) for n, noun in
-                       ((len(config.routes), "route"), (rules, "rule"), (len(config.upstreams), "upstream")))
+                       ((len(config.routes), "route"), (rules, "rule"), (len(config.upstreams), "upstream"),
+                        *(((len(config.rls), "RLS domain"),) if config.rls else ())))
     print(f"{path}: ok ({counts})")
     return 0
 
@@ -108,9 +111,10 @@ def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
     if settings.workers < 1:
         print("gateway: --workers must be at least 1", file=sys.stderr)
         return 2
-    ports = [settings.port, settings.admin_port, *([settings.check_port] if settings.check_port is not None else [])]
+    ports = [settings.port, settings.admin_port,
+             *(port for port in (settings.check_port, settings.rls_port) if port is not None)]
     if len(set(ports)) < len(ports):
-        print("gateway: the proxy, admin and check ports must all differ", file=sys.stderr)
+        print("gateway: the proxy, admin, check and RLS ports must all differ", file=sys.stderr)
         return 2
     if not os.path.exists(settings.config_path):
         print(f"gateway: no routes file at {os.path.abspath(settings.config_path)}; "

@@ -57,7 +57,7 @@ class Lifecycle:
         redis = redis_settings(self.settings, config)
         self.runtime = build_runtime(config, redis, self._limiter(config), transport=self.transport)
         metrics.CONFIG_INFO.set(len(config.routes))
-        metrics.describe_rules(config.routes)
+        metrics.describe_rules(config.limited_routes)
         self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
         try:  # the overrides in force before the first request; Redis down: the poll catches up
             await self.overrides.sync(self.runtime)
@@ -138,7 +138,7 @@ class Lifecycle:
         self.runtime = new
         metrics.RELOADS.labels("ok").inc()
         metrics.CONFIG_INFO.set(len(config.routes))
-        metrics.describe_rules(config.routes)
+        metrics.describe_rules(config.limited_routes)
         log.info("reloaded %s: %d routes", self.settings.config_path, len(config.routes))
         asyncio.get_running_loop().create_task(self._retire(old, new))
         return True, f"{len(config.routes)} routes"

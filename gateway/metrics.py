@@ -94,6 +94,17 @@ BREAKER_OPEN = Counter(
     "Seconds the Redis circuit breaker spent open (limits not applied: routes followed their "
     "failure_mode), summed over workers and failure domains; it grows while the breaker is open.",
 )
+RLS_CALLS = Counter(
+    "gateway_rls_calls_total",
+    "Envoy rate limit service calls answered, by result: ok, over_limit, no_domain (no such domain: OK "
+    "without limits), unavailable (Redis), invalid (a malformed call: INVALID_ARGUMENT and the like).",
+    ["result"],
+)
+RLS_SECONDS = Histogram(
+    "gateway_rls_call_seconds",
+    "Time from a rate limit service call's message to its answer, Redis included.",
+    buckets=LATENCY_BUCKETS,
+)
 UPSTREAM_LATENCY = Histogram(
     "gateway_upstream_latency_seconds",
     "Time from sending a request upstream to its response headers, by upstream.",

@@ -254,7 +254,7 @@ class Store:
     async def drop_removed(self, config: Config) -> int:
         """Drop the overrides of rules and routes that `config` no longer has; how many."""
         dropped = 0
-        current = {route.name: {rule.name for rule in route.limits} for route in config.routes}
+        current = {route.name: {rule.name for rule in route.limits} for route in config.limited_routes}
         known = {_text(name) for name in await self._command(self.routes_key, "SMEMBERS")}
         for route in sorted(known | set(current)):
             rules = current.get(route)

@@ -95,7 +95,7 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     if from_memory:
         _count_held(plan, rules, decision)
         return _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
-    _count_rules(route.name, rules, decision)
+    count_rules(route.name, rules, decision)
     if not decision.admitted:
         return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
@@ -260,7 +260,7 @@ def _count_held(plan: RoutePlan, rules: list[Rule], decision: Decision) -> None:
     metrics.rule_decisions(plan.route.name, rules[decision.refused_by].name, "refused", "memory").inc()
 
 
-def _count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
+def count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
     for rule, state in zip(rules, decision.rules, strict=True):
         if state.outcome is Outcome.SHADOW_REFUSES:
             metrics.rule_decisions(route, rule.name, "shadow_refused", "redis").inc()

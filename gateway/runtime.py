@@ -22,6 +22,7 @@ from gateway.proxy import UpstreamClient
 from gateway.redis import CONNECT_TIMEOUT, make_runner
 from gateway.refusals import LocalRefusals
 from gateway.repeats import Repeats
+from gateway.rls.domains import Domain, domains_of
 from gateway.settlement import Settler
 
 
@@ -39,6 +40,7 @@ class Runtime:
     leases: Leases | None = None    # concurrency slots held and given back (gateway/leases.py)
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
+    rls: dict[str, Domain] = field(default_factory=dict)  # the rate limit service's domains (gateway/rls/)
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -99,6 +101,8 @@ def build_runtime(
         client = clients[route.upstream.name] if route.upstream else None
         plan = route_plan(route, redis.key_prefix, client)
         plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
+    for domain in config.rls:  # routes of their own, which no HTTP request matches
+        plans[domain.route.name] = route_plan(domain.route, redis.key_prefix, None)
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
         r.when.jwt for r in config.routes)
     refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)
@@ -113,4 +117,5 @@ def build_runtime(
         refusals=refusals,
         settler=Settler(limiter, refusals),
         leases=Leases(limiter),
+        rls=domains_of(config.rls, plans),
     )

@@ -26,6 +26,7 @@ class Settings:
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
     check_port: int | None = None          # the check endpoint (forward-auth), on `host`; off unless given
+    rls_port: int | None = None            # Envoy's rate limit service (gRPC), on `host`; off unless given
 
     @property
     def decision_only(self) -> bool:
@@ -53,6 +54,7 @@ ENV_KEYS = {
     "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
     "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
     "GATEWAY_CHECK_PORT": ("check_port", int),
+    "GATEWAY_RLS_PORT": ("rls_port", int),
 }
 
 

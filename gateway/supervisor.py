@@ -90,6 +90,8 @@ class Supervisor:
             sockets = [bind(settings.host, settings.port), bind(settings.effective_admin_host, settings.admin_port)]
             if settings.check_port is not None:
                 sockets.append(bind(settings.host, settings.check_port))
+            if settings.rls_port is not None:  # last: the worker serves it beside uvicorn (run_worker)
+                sockets.append(bind(settings.host, settings.rls_port))
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
@@ -118,6 +120,8 @@ class Supervisor:
                         settings.data_dir)
         context = multiprocessing.get_context("spawn")
         check = f", check endpoint {settings.host}:{settings.check_port}" if settings.check_port is not None else ""
+        if settings.rls_port is not None:
+            check += f", rate limit service (gRPC) {settings.host}:{settings.rls_port}"
         log.info("gateway on %s:%d (admin %s:%d%s), %d worker(s), config %s",
                  settings.host, settings.port, settings.effective_admin_host,
                  settings.admin_port, check, settings.workers, settings.config_path)
@@ -282,14 +286,24 @@ def run_worker(settings: Settings, sockets: list[socket.socket], composed: Compo
     once if the supervisor dies."""
     stop_with_supervisor()
     lifecycle = composed.lifecycle
+    rls_socket = sockets[-1] if settings.rls_port is not None else None
+    http_sockets = sockets[:-1] if rls_socket is not None else sockets
+    rls = composed.rls_server
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lifecycle.reload)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # blocked since the spawn
             await super().startup(sockets=sockets)
+            if rls is not None and rls_socket is not None and self.started:
+                await rls.start(rls_socket)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if rls is not None:  # GOAWAY; the calls in flight answered before the runtime closes
+                await rls.stop(settings.drain_timeout)
+            await super().shutdown(sockets=sockets)
 
     uvicorn_server = Server(server_config)
-    uvicorn_server.run(sockets=sockets)
+    uvicorn_server.run(sockets=http_sockets)
     if not uvicorn_server.started:
         sys.exit(3)

@@ -51,6 +51,9 @@ class Place(StrEnum):
     ROUTE = "route"
     MATCH = "match"
     RULE = "rule"
+    RLS = "rls"
+    RLS_DOMAIN = "rls_domain"
+    RLS_DESCRIPTOR = "rls_descriptor"
 
 
 PLACES: dict[Place, str] = {
@@ -68,6 +71,11 @@ PLACES: dict[Place, str] = {
     Place.TLS: "`upstreams.NAME.tls:` TLS to an https:// upstream.",
     Place.ROUTE: "`routes: [...]` one route; routes are tried in file order and the first match wins.",
     Place.MATCH: "`routes[].match:` which requests the route takes.",
+    Place.RLS: "`rls:` Envoy's rate limit service (`--rls-port`): envoyproxy/ratelimit's own files, and domains "
+               "in the gateway's own form (docs/envoy-rls.md).",
+    Place.RLS_DOMAIN: "`rls.domains: {DOMAIN: ...}` one domain: the descriptors Envoy sends with that domain.",
+    Place.RLS_DESCRIPTOR: "`rls.domains.DOMAIN.descriptors: [...]` one descriptor entry; the most specific "
+                          "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
                 "consumes nothing.",
 }
@@ -170,6 +178,26 @@ FIELDS: tuple[Field, ...] = (
     _f(TOP, "access_log", Boolean(), "Log one line per request.", default=False),
     _f(TOP, "local_refusals", Section(LOCAL), "Refusals each worker answers from memory."),
     _f(TOP, "check", Section(Place.CHECK), "The check endpoint (--check-port): forward-auth."),
+    _f(TOP, "rls", Section(Place.RLS), "Envoy's rate limit service (--rls-port)."),
+
+    _f(Place.RLS, "files", ListOf(Text(what="path")), "envoyproxy/ratelimit config files, read as that server "
+       "reads them (fixed windows aligned to the unit); relative to this file.", default=()),
+    _f(Place.RLS, "domains", Named(Place.RLS_DOMAIN), "Domains in the gateway's own form: descriptors "
+       "matched to rules of any algorithm."),
+    _f(Place.RLS_DOMAIN, "descriptors", ListOf(Section(Place.RLS_DESCRIPTOR)), "The domain's descriptor "
+       "entries.", required="(a domain without descriptors limits nothing)"),
+    _f(Place.RLS_DESCRIPTOR, "key", Text(r"^.{1,256}$", "must be 1 to 256 characters"), "The entry's key.",
+       required=""),
+    _f(Place.RLS_DESCRIPTOR, "value", Text(r"^.{0,256}$", "must be at most 256 characters"), "The entry's "
+       "value; absent: any value, each with its own count; ending in `*`: values starting so.", default=""),
+    _f(Place.RLS_DESCRIPTOR, "limit", Section(RULE), "The rule a descriptor ending here is counted by: any "
+       "algorithm but concurrency, keyed by the descriptor's values (no `by`)."),
+    _f(Place.RLS_DESCRIPTOR, "unlimited", Boolean(), "A descriptor ending here is OK and counted by nothing.",
+       default=False),
+    _f(Place.RLS_DESCRIPTOR, "replaces", ListOf(Name()), "Rules (by name) this one replaces when a request "
+       "matches both: those are not counted.", default=()),
+    _f(Place.RLS_DESCRIPTOR, "descriptors", ListOf(Section(Place.RLS_DESCRIPTOR)), "Entries that may follow "
+       "this one."),
 
     _f(REDIS, "url", Text(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
                           nullable=True, what="URL"),

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gateway.config import rls
 from gateway.config.fields import (
     BUCKET_ALGORITHMS,
     MAX_COST,
@@ -49,6 +50,7 @@ from gateway.config.model import (
     Config,
     JwtSettings,
     RedisSettings,
+    RlsDomain,
     Route,
     Rule,
     Source,
@@ -274,9 +276,12 @@ def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bo
 
 
 def _build(root: yaml.Node, r: _Reader) -> Config | None:
-    top = r.section(root, "", Place.TOP)
+    top = r.section(root, "", Place.TOP, require=False)
     if top is None:
         return None
+    # a rate limit service alone (rls:) needs no route and no upstream: Envoy does the forwarding
+    optional = ("routes", "upstreams") if "rls" in top else ()
+    r.require(top, "", Place.TOP, only=[k for k in keys(Place.TOP) if k not in optional])
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
     settings.setdefault("trusted_proxies", default(Place.TOP, "trusted_proxies"))  # a Config field without default
@@ -294,9 +299,104 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         settings["admin_token"] = settings["admin_token"] or None
     upstreams = _upstreams(top, r)
     routes = _routes(top, r, upstreams, defaults, jwt)
+    rls = _rls(top.nodes["rls"], r, defaults, {route.name for route in routes}) if "rls" in top else ()
     if r.problems:
         return None
-    return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, **settings)
+    return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, rls=rls, **settings)
+
+
+def _rls(node: yaml.Node, r: _Reader, defaults: dict[str, str], route_names: set[str]) -> tuple[RlsDomain, ...]:
+    """`rls:` envoyproxy/ratelimit's files (rls.files, relative to this file) and the native domains."""
+    found = r.section(node, "rls", Place.RLS)
+    if found is None:
+        return ()
+    sources: list[tuple[rls.DomainSource, yaml.Node]] = []
+    base = Path(r.file).parent
+    for i, path in enumerate(r.read(found, "rls", Place.RLS, only=["files"]).get("files", ())):
+        where = found.nodes["files"].value[i]
+        if not path:
+            r.problem(where, f"rls.files[{i}]", "must be a path")
+            continue
+        source, problems = rls.read_file(base / path, str(base / path) if not Path(path).is_absolute() else path)
+        r.problems.extend(problems)
+        if source is not None:
+            sources.append((source, where))
+    if "domains" in found:
+        sources.extend(_rls_native(found.nodes["domains"], r))
+    out: list[RlsDomain] = []
+    seen: dict[str, str] = {}
+    route_fields = {"headers": defaults["headers"]}
+    for source, where in sources:
+        if source.name in seen:
+            r.problem(where, f"rls domain {source.name}",
+                      f"duplicate domain '{source.name}' (also in {seen[source.name]})")
+            continue
+        seen[source.name] = f"{source.file}:{source.line}"
+        if f"rls.{source.name}" in route_names:
+            r.problem(where, f"rls domain {source.name}",
+                      f"a route is named 'rls.{source.name}', the domain's own name")
+            continue
+        domain, problems = rls.assemble(source, {**route_fields, "shards": source.shards})
+        r.problems.extend(problems)
+        if domain is not None:
+            out.append(domain)
+    return tuple(out)
+
+
+def _rls_native(node: yaml.Node, r: _Reader) -> list[tuple[rls.DomainSource, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        r.problem(node, "rls.domains", "must be a mapping of domain -> its descriptors")
+        return []
+    out = []
+    for knode, vnode in node.value:
+        name = r.text(knode, "rls.domains")
+        if name is None:
+            continue
+        key = f"rls.domains.{name}"
+        if not rls.DOMAIN.match(name):
+            r.problem(knode, key, "a domain is 1 to 56 of A-Z a-z 0-9 _ . - (it names the domain's keys and metrics)")
+            continue
+        found = r.section(vnode, key, Place.RLS_DOMAIN)
+        if found is None or found.missing:
+            continue
+        nodes = _rls_descriptors(found.nodes["descriptors"], f"{key}.descriptors", r, 1)
+        out.append((rls.DomainSource(name, r.file, vnode.start_mark.line + 1, nodes), knode))
+    return out
+
+
+def _rls_descriptors(node: yaml.Node, key: str, r: _Reader, depth: int) -> list[rls.Node]:
+    if depth > rls.MAX_DEPTH:
+        r.problem(node, key, f"descriptors nest deeper than {rls.MAX_DEPTH}")
+        return []
+    out: list[rls.Node] = []
+    seen: set[tuple[str, str]] = set()
+    for i, item in enumerate(r.sequence(node, key) or []):
+        here = f"{key}[{i}]"
+        found = r.section(item, here, Place.RLS_DESCRIPTOR)
+        if found is None or found.missing:
+            continue
+        values = r.read(found, here, Place.RLS_DESCRIPTOR)
+        entry = rls.Node(values.get("key", ""), values.get("value", ""), item.start_mark.line + 1,
+                         unlimited=values.get("unlimited", False), replaces=tuple(values.get("replaces", ())))
+        if (entry.key, entry.value) in seen:
+            r.problem(item, here, f"entry {entry.key}={entry.value or '*'} is defined twice at this level")
+        seen.add((entry.key, entry.value))
+        if "limit" in found:
+            if entry.unlimited:
+                r.problem(found.nodes["limit"], f"{here}.limit", "an unlimited descriptor has no limit")
+            rule = _rule(found.nodes["limit"], f"{here}.limit", r, [], JwtSettings(), keyed=False)
+            if rule is not None:
+                if rule.by:
+                    r.problem(_child(found.nodes["limit"], "by"), f"{here}.limit.by",
+                              "a descriptor's rule counts by the descriptor's values: leave out `by`")
+                for unseen in (k for k in rule.unseen_by_a_check if k != "by"):
+                    r.problem(_child(found.nodes["limit"], unseen) or item, f"{here}.limit.{unseen}",
+                              "needs the upstream's answer, which the rate limit service never sees")
+                entry.rule, entry.limit_name = rule, rule.name
+        if "descriptors" in found:
+            entry.children = _rls_descriptors(found.nodes["descriptors"], f"{here}.descriptors", r, depth + 1)
+        out.append(entry)
+    return out
 
 
 def _redis(top: Found, r: _Reader) -> RedisSettings:
@@ -547,13 +647,15 @@ def _child(node: yaml.Node, name: str) -> yaml.Node | None:
     return None
 
 
-def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Rule | None:
+def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings,
+          keyed: bool = True) -> Rule | None:
+    """One rule; keyed=False: an RLS descriptor's, keyed by the descriptor's values (no `by`)."""
     found = r.section(node, key, Place.RULE, require=False)
     if found is None or not r.require(found, key, Place.RULE, only=["name", "algorithm"]):
         return None
     name = r.read(found, key, Place.RULE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
-    r.require(found, key, Place.RULE)
+    r.require(found, key, Place.RULE, only=None if keyed else [k for k in keys(Place.RULE) if k != "by"])
     algorithm = r.read(found, key, Place.RULE, only=["algorithm"]).get("algorithm")
     if name is None or algorithm is None:
         return None

@@ -190,6 +190,31 @@ class JwtSettings:
     leeway: float = default(P.JWT, "leeway")
 
 
+@dataclass(frozen=True)
+class RlsDescriptor:
+    """One entry of an Envoy rate limit service domain's descriptor tree (gateway/rls/service.py)."""
+
+    key: str
+    value: str = ""                 # "": any value, each its own count; "...*": values starting so
+    rule: int | None = None         # the domain route's rule a descriptor ending here counts by
+    unlimited: bool = False         # a descriptor ending here is OK, counted by nothing
+    replaces: tuple[str, ...] = ()  # rule names not counted when a request matches this one too
+    descriptors: tuple[RlsDescriptor, ...] = ()
+
+
+@dataclass(frozen=True)
+class RlsDomain:
+    """A domain of Envoy's rate limit service: its rules are those of `route`, a route of its own
+    (named `rls.<domain>`) that no HTTP request matches; its keys, overrides, metrics and the admin
+    port's views are a route's."""
+
+    name: str
+    route: Route
+    descriptors: tuple[RlsDescriptor, ...]
+    names: tuple[str, ...] = ()     # per rule of `route`: the name RateLimit.name carries (a file's `name`)
+    where: str = ""                 # file:line of its definition
+
+
 LOCAL_REFUSALS_MAX: int = default(P.LOCAL_REFUSALS, "max_entries")  # refusals each worker keeps (refusals.py)
 LOCAL_REFUSALS_HOLD: float = default(P.LOCAL_REFUSALS, "max_hold")  # seconds before Redis is asked again
 
@@ -211,4 +236,10 @@ class Config:
     check_deny_status: int | None = None  # the check endpoint's status for every refusal (nginx: 403)
     check_path_prefix: str = default(P.CHECK, "path_prefix")
     check_convention: str = default(P.CHECK, "convention")
+    rls: tuple[RlsDomain, ...] = ()  # Envoy's rate limit service (gateway/rls/)
+
+    @property
+    def limited_routes(self) -> tuple[Route, ...]:
+        """Every route with rules: the HTTP routes and the rate limit service's domains."""
+        return self.routes + tuple(domain.route for domain in self.rls)
 

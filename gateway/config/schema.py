@@ -40,6 +40,10 @@ def routes_schema() -> Schema:
             defs[place.value] = _place(place)
     top = _place(Place.TOP)
     del top["description"]
+    # a rate limit service alone (rls:) needs no route and no upstream
+    top["required"] = [key for key in top["required"] if key not in ("routes", "upstreams")]
+    top["if"] = {"not": {"required": ["rls"]}}
+    top["then"] = {"required": ["upstreams", "routes"]}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://ratelimit-gateway.invalid/routes.schema.json",
@@ -52,7 +56,8 @@ def routes_schema() -> Schema:
 
 def _place(place: Place) -> Schema:
     out: Schema = {"description": PLACES[place], "type": "object", "additionalProperties": False}
-    required = [f.key for f in fields(place) if f.required is not None]
+    # a rule needs `by` in a route, and has none in an RLS descriptor (its values are its identity)
+    required = [f.key for f in fields(place) if f.required is not None and (place, f.key) != (Place.RULE, "by")]
     if required:
         out["required"] = required
     out["properties"] = {f.key: _field(f) for f in fields(place)}
@@ -63,6 +68,10 @@ def _place(place: Place) -> Schema:
 
 def _field(f: Field) -> Schema:
     out: Schema = {"description": f.doc, **f.kind.schema()}
+    if (f.places, f.key) == ((Place.ROUTE,), "limits"):
+        out["items"] = {"allOf": [out["items"], {"required": ["by"]}]}
+    elif (f.places, f.key) == ((Place.RLS_DESCRIPTOR,), "limit"):
+        out = {"description": f.doc, "allOf": [f.kind.schema(), {"not": {"required": ["by"]}}]}
     default = _default(f)
     if default is not None:
         out["default"] = default

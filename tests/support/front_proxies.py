@@ -473,3 +473,102 @@ def traefik_forward_auth_headers(method: str, uri: str, host: str, client_ip: st
         "X-Forwarded-Host": host,
         "X-Forwarded-Uri": uri,
     }
+
+
+class EnvoyRateLimit(FrontProxy):
+    """Envoy's `envoy.filters.http.ratelimit` asking the gateway's rate limit service (gRPC on
+    `check_port`, here the RLS port) with domain `domain` and two descriptors per request:
+    (user = X-User-Id) and (site = main). OK: forwarded, the service's response_headers_to_add on
+    the upstream's answer; OVER_LIMIT: Envoy's own 429 with those headers; the service failing:
+    forwarded (failure_mode_deny false) or Envoy's 500 (true)."""
+
+    name = "envoy-rls"
+
+    def __init__(self, rls_port: int, upstream_url: str, workdir: Path, domain: str = "site",
+                 deny: bool = False, binary: str | None = None) -> None:
+        super().__init__(rls_port, upstream_url, workdir)
+        self.domain = domain
+        self.deny = deny
+        self.binary = binary or envoy_binary()
+
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "envoy.yaml"
+
+    def command(self) -> list[str]:
+        return [self.binary, "-c", str(self.conf_path), "--concurrency", "1", "--log-level", "warn",
+                "--disable-hot-restart"]
+
+    def write_config(self) -> None:
+        host, _, port = self.upstream_url.removeprefix("http://").partition(":")
+        self.conf_path.write_text(envoy_rls_config(self.port, self.check_port, host, int(port or 80), self.domain,
+                                                   self.deny))
+
+
+def envoy_rls_config(port: int, rls_port: int, upstream_host: str, upstream_port: int, domain: str,
+                     deny: bool) -> str:
+    """The Envoy recipe of docs/envoy-rls.md (a static bootstrap); only the addresses, the domain
+    and failure_mode_deny serve the tests."""
+    return f"""\
+static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              # one descriptor per action list: (user = the X-User-Id header), (site = main)
+              rate_limits:
+              - actions:
+                - request_headers: {{header_name: x-user-id, descriptor_key: user}}
+              - actions:
+                - generic_key: {{descriptor_key: site, descriptor_value: main}}
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: upstream}}
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              # the service unavailable (Redis down: gRPC UNAVAILABLE) or silent past the timeout:
+              # false forwards the request, true refuses it
+              failure_mode_deny: {"true" if deny else "false"}
+              timeout: 1s
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rate_limit_service}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: rate_limit_service
+    type: STATIC
+    connect_timeout: 1s
+    # gRPC is HTTP/2
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: rate_limit_service
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls_port}}}}}}}
+  - name: upstream
+    type: STRICT_DNS
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: {upstream_host}, port_value: {upstream_port}}}}}}}
+"""

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class GatewayProcess:
     def __init__(self, config_text: str, workdir: Path, redis_url: str | None = None,
                  workers: int = 1, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-                 http: str = "gateway", transport: str = "lean") -> None:
+                 http: str = "gateway", transport: str = "lean", rls_server: str = "lean") -> None:
         self.config_path = workdir / "routes.yaml"
         self.config_path.write_text(textwrap.dedent(config_text))
         self.port = free_port()
@@ -30,7 +30,8 @@ class GatewayProcess:
         self.env = env or {}
         self.extra_args = args  # after the defaults: a flag given here wins
         # the libraries' own protocol or transport instead of the gateway's: tests.support.comparison_gateway
-        self.comparison = (http, transport) != ("gateway", "lean")
+        self.comparison = (http, transport, rls_server) != ("gateway", "lean", "lean")
+        self.rls_server = rls_server  # "grpclib": tests.support.rls_comparison
         self.http = http
         self.transport = transport
         self.log_path = workdir / "gateway.log"
@@ -49,6 +50,8 @@ class GatewayProcess:
         launcher = ["-m", "gateway"]
         if self.comparison:
             launcher = ["-m", "tests.support.comparison_gateway", "--http", self.http, "--transport", self.transport]
+            if self.rls_server == "grpclib":
+                launcher = ["-m", "tests.support.rls_comparison"]
         args = [sys.executable, *launcher, "serve", "--config", str(self.config_path),
                 "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin_port),
                 "--workers", str(self.workers)]

@@ -1,0 +1,90 @@
+"""A rate limit service domain as served: its descriptor tree compiled for lookups, the plan of its
+route (`rls.<domain>`), the RateLimit each of its rules reports (gateway/rls/service.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.config import Rule
+from gateway.config.model import RlsDescriptor, RlsDomain
+from gateway.plan import RoutePlan
+from gateway.rls import messages as pb
+
+UNIT_CODES = {seconds: code for code, seconds in pb.UNIT_SECONDS.items()} | {30 * 86400: 5, 365 * 86400: 6}
+CODE_SECONDS = {code: seconds for seconds, code in UNIT_CODES.items()}
+
+
+@dataclass
+class Node:
+    """A level of a domain's tree, compiled for lookups."""
+
+    exact: dict[tuple[str, str], Entry] = field(default_factory=dict)
+    prefixes: list[tuple[str, str, Entry]] = field(default_factory=list)
+    any_value: dict[str, Entry] = field(default_factory=dict)
+
+
+@dataclass
+class Entry:
+    descriptor: RlsDescriptor
+    below: Node
+
+
+def _compile(descriptors: tuple[RlsDescriptor, ...]) -> Node:
+    node = Node()
+    for d in descriptors:
+        entry = Entry(d, _compile(d.descriptors))
+        if not d.value:
+            node.any_value[d.key] = entry
+        elif d.value.endswith("*"):
+            node.prefixes.append((d.key, d.value[:-1], entry))
+        else:
+            node.exact[(d.key, d.value)] = entry
+    return node
+
+
+class Domain:
+    """One domain as served: its tree, its route's plan, the RateLimit each rule reports."""
+
+    def __init__(self, domain: RlsDomain, plan: RoutePlan) -> None:
+        self.domain = domain
+        self.plan = plan
+        self.root = _compile(domain.descriptors)
+        self.limits = [_rate_limit(rule, name) for rule, name in zip(domain.route.limits, domain.names, strict=True)]
+
+    def limit_of(self, entries: list[tuple[str, str]]) -> RlsDescriptor | None:
+        """The descriptor entry whose rule counts a descriptor of these entries (envoyproxy/ratelimit's
+        GetLimit): None when no limit is found or the request goes deeper than the tree."""
+        level = self.root
+        found: RlsDescriptor | None = None
+        last = len(entries) - 1
+        for i, (key, value) in enumerate(entries):
+            entry = level.exact.get((key, value))
+            if entry is None:
+                entry = next((e for k, prefix, e in level.prefixes if k == key and value.startswith(prefix)), None)
+            if entry is None:
+                entry = level.any_value.get(key)
+            if entry is None:
+                return None
+            d = entry.descriptor
+            if i == last and (d.rule is not None or d.unlimited):
+                found = d
+            if not d.descriptors:
+                return found
+            level = entry.below
+        return found
+
+
+def domains_of(config_domains: tuple[RlsDomain, ...], plans: dict[str, RoutePlan]) -> dict[str, Domain]:
+    return {d.name: Domain(d, plans[d.route.name]) for d in config_domains}
+
+
+
+def _rate_limit(rule: Rule, name: str) -> Any:
+    """What current_limit says of a rule: its quota per unit where its window is one, else per its
+    own window (unit UNKNOWN)."""
+    window = rule.policy_window
+    unit = UNIT_CODES.get(int(window), 0) if window == int(window) else 0
+    return pb.RateLimitResponse.RateLimit(requests_per_unit=min(rule.quota_size, 2**32 - 1), unit=unit, name=name)
+
+

@@ -1,0 +1,273 @@
+"""`ShouldRateLimit`: Envoy's rate limit service on the gateway's engine (SPEC section 7).
+
+A request names a domain and a list of descriptors. Each descriptor is looked up in its domain's
+tree as envoyproxy/ratelimit does (`Domains.limit_of`): entry by entry, `key_value` before a
+`value*` prefix before `key` alone; the rule of the node the LAST entry reaches counts it. Then, and
+this is the difference that is the point, every counted descriptor of the request goes into ONE
+script call, all or nothing: a request refused on one descriptor consumes nothing from the others.
+
+    statuses          one per descriptor, in the request's order: OK or OVER_LIMIT, the limit,
+                      what remains, how long until the window resets
+    overall_code      OVER_LIMIT when any descriptor is over
+    headers           `defaults.headers` (draft / legacy / both / none) as response_headers_to_add
+    no such domain    OK, no limits (as envoyproxy/ratelimit)
+    Redis unavailable UNAVAILABLE: Envoy's failure_mode_deny decides
+    malformed         INVALID_ARGUMENT naming the problem; nothing is counted
+
+The domain's rules belong to a route of its own (`rls.<domain>`), so keys, per-identity overrides,
+refusals held in memory and metrics are those of any route.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+from google.protobuf.message import DecodeError
+
+from gateway import metrics
+from gateway.config import Rule
+from gateway.config.model import RlsDescriptor
+from gateway.errors import RedisUnavailable
+from gateway.keys import identity_token, rule_key, state_key
+from gateway.limiter import Decision, Outcome, RuleSpec, rule_spec
+from gateway.overrides import RouteTable, overridden
+from gateway.pipeline import count_rules
+from gateway.plan import RoutePlan
+from gateway.responses import ratelimit_headers, refusal
+from gateway.rls import messages as pb
+from gateway.rls.domains import CODE_SECONDS, Domain
+from gateway.runtime import Runtime
+
+# gRPC status codes (grpc/status.h)
+OK_STATUS, CANCELLED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 3, 8, 12, 14
+MAX_DESCRIPTORS = 64        # per request: the most rules one script call takes, twice over
+MAX_ENTRIES = 16            # per descriptor: the depth a tree may have
+MAX_HITS = 1_000_000_000    # a request's or descriptor's hits_addend, as a rule's cost
+UNLIMITED_REMAINING = 2**32 - 1  # what envoyproxy/ratelimit reports for an unlimited descriptor
+_UNIT_WORDS = {code: word for word, code in pb.UNIT_NAMES.items()} | {5: "month", 6: "year"}
+
+
+class GrpcError(Exception):
+    """A call answered with a gRPC status other than OK, and this message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Counted(NamedTuple):
+    """One rule and key counted in the call, and the descriptors it answers for."""
+
+    rule: Rule
+    spec: RuleSpec
+    key: str
+    limit: Any  # RateLimitResponse.RateLimit
+
+
+class Call:
+    """One ShouldRateLimit call's descriptors, read and checked, before anything is counted."""
+
+    def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None) -> None:
+        self.counted: list[Counted] = []
+        self.costs: list[int] = []
+        self.where: list[int | None] = []  # per descriptor: its place in `counted`, None: not counted
+        self.unlimited: list[bool] = []
+        plan = domain.plan
+        index: dict[str, int] = {}
+        hits = request.hits_addend or 1
+        if hits > MAX_HITS:
+            raise GrpcError(INVALID_ARGUMENT, f"hits_addend must be at most {MAX_HITS}")
+        picked: list[tuple[RlsDescriptor | None, Counted | None, int]] = []
+        replaced: set[str] = set()
+        for i, descriptor in enumerate(request.descriptors):
+            entries = _entries(descriptor, i, identity_max)
+            cost = hits
+            if descriptor.HasField("hits_addend"):
+                cost = descriptor.hits_addend.value
+                if cost > MAX_HITS:
+                    raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
+            if descriptor.HasField("limit"):
+                picked.append((None, _dynamic(descriptor.limit, i, plan, entries), cost))
+                continue
+            d = domain.limit_of(entries)
+            if d is None or d.rule is None:
+                picked.append((d, None, cost))
+                continue
+            parts = [value.encode() for _, value in entries]
+            prefix = plan.prefix_keys[d.rule]
+            key = rule_key(prefix, parts)
+            rule, spec = plan.rules[d.rule], plan.args[d.rule]
+            found = overridden(overrides, d.rule, key[len(prefix):]) if overrides else None
+            if found is not None:
+                if found.rule is None:  # unlimited for this identity
+                    picked.append((d, None, cost))
+                    continue
+                rule, spec = found.rule, found.specs[0]
+            picked.append((d, Counted(rule, spec, key, domain.limits[d.rule]), cost))
+            replaced.update(d.replaces)
+        names = domain.domain.names
+        for d, counted, cost in picked:
+            if counted is not None and d is not None and d.rule is not None and names[d.rule] in replaced:
+                counted = None  # a rule another matched rule replaces
+            self.unlimited.append(d is not None and d.unlimited)
+            if counted is None:
+                self.where.append(None)
+                continue
+            at = index.get(counted.key)
+            if at is None:  # one key twice in a call: one rule in the script, the costs summed
+                at = index[counted.key] = len(self.counted)
+                self.counted.append(counted)
+                self.costs.append(0)
+            self.costs[at] += cost
+            self.where.append(at)
+
+
+def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]]:
+    entries = [(entry.key, entry.value) for entry in descriptor.entries]
+    if not entries:
+        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}] has no entries")
+    if len(entries) > MAX_ENTRIES:
+        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}] has more than {MAX_ENTRIES} entries")
+    for j, (key, value) in enumerate(entries):
+        if not key:
+            raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].entries[{j}] has an empty key")
+        if len(key.encode()) > identity_max or len(value.encode()) > identity_max:
+            raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].entries[{j}] is longer than identity.max_length "
+                                              f"({identity_max} bytes)")
+    return entries
+
+
+def _dynamic(limit: Any, i: int, plan: RoutePlan, entries: list[tuple[str, str]]) -> Counted:
+    """A descriptor's own `limit` (envoyproxy/ratelimit: it replaces any configured one): a fixed
+    window of its unit, counted under the descriptor's keys and values."""
+    seconds = CODE_SECONDS.get(limit.unit)
+    if seconds is None:
+        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
+    word = _UNIT_WORDS[limit.unit]
+    rule = Rule(name=f"descriptor_limit.{word}", by=(), algorithm="fixed_window", limit=limit.requests_per_unit,
+                window=float(seconds))
+    parts = [part.encode() for entry in entries for part in entry]
+    key = state_key(plan.prefix_keys[0].split(":{", 1)[0], plan.route.name, rule.name, identity_token(parts))
+    return Counted(rule, rule_spec(rule), key, pb.RateLimitResponse.RateLimit(
+        requests_per_unit=limit.requests_per_unit, unit=limit.unit))
+
+
+class RateLimitService:
+    """The service behind the RLS port's gRPC server (gateway/rls/server.py)."""
+
+    def __init__(self, current: Callable[[], Runtime | None]) -> None:
+        self.current = current
+
+    async def should_rate_limit(self, body: bytes) -> bytes:
+        """A RateLimitRequest's bytes -> the RateLimitResponse's; raises GrpcError."""
+        runtime = self.current()
+        if runtime is None:
+            raise GrpcError(UNAVAILABLE, "the gateway is starting")
+        started = time.perf_counter()
+        try:
+            request = pb.RateLimitRequest.FromString(body)
+        except DecodeError as exc:
+            raise GrpcError(INVALID_ARGUMENT, f"the message is not a RateLimitRequest: {exc}") from None
+        if not request.domain:
+            raise GrpcError(INVALID_ARGUMENT, "domain must not be empty")
+        if not request.descriptors:
+            raise GrpcError(INVALID_ARGUMENT, "descriptors must not be empty")
+        if len(request.descriptors) > MAX_DESCRIPTORS:
+            raise GrpcError(INVALID_ARGUMENT, f"at most {MAX_DESCRIPTORS} descriptors in one request")
+        domain = runtime.rls.get(request.domain)
+        if domain is None:  # as envoyproxy/ratelimit: no config, no limit (each descriptor still checked)
+            for i, descriptor in enumerate(request.descriptors):
+                _entries(descriptor, i, runtime.config.identity_max_bytes)
+            code = "no_domain"
+            response = pb.RateLimitResponse(overall_code=pb.OK)
+            for _ in request.descriptors:
+                response.statuses.add(code=pb.OK)
+            return _done(response, code, started)
+        runtime.enter()
+        try:
+            return await self._decide(runtime, domain, request, started)
+        finally:
+            runtime.leave()
+
+    async def _decide(self, runtime: Runtime, domain: Domain, request: Any, started: float) -> bytes:
+        overrides = runtime.overrides.get(domain.plan.route.name)
+        call = Call(request, domain, runtime.config.identity_max_bytes, overrides)
+        response = pb.RateLimitResponse(overall_code=pb.OK)
+        route = domain.plan.route
+        decision: Decision | None = None
+        from_memory = False
+        if call.counted:
+            rules = [c.rule for c in call.counted]
+            keys = [c.key for c in call.counted]
+            specs = [c.spec for c in call.counted]
+            costs: list[int | None] = list(call.costs)
+            try:
+                decision, from_memory = await runtime.refusals.decide(
+                    rules, keys, costs, partial(runtime.limiter.decide, specs, keys, costs))
+            except RedisUnavailable as exc:
+                metrics.REDIS_ERRORS.labels(exc.kind).inc()
+                metrics.RLS_CALLS.labels("unavailable").inc()
+                raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
+                                             "decides") from None
+            if not from_memory:
+                count_rules(route.name, rules, decision)
+            if not decision.admitted:
+                response.overall_code = pb.OVER_LIMIT
+            mode = route.headers
+            if mode != "none":
+                if decision.admitted:
+                    headers = ratelimit_headers(mode, rules, decision)
+                else:
+                    headers = [(n, v) for n, v in refusal(route, rules, decision)[1] if n != b"content-type"]
+                for name, value in headers:
+                    response.response_headers_to_add.add(key=name.decode(), value=value.decode())
+        for at, unlimited in zip(call.where, call.unlimited, strict=True):
+            status = response.statuses.add(code=pb.OK)
+            if at is None:
+                if unlimited:
+                    status.limit_remaining = UNLIMITED_REMAINING
+                continue
+            assert decision is not None
+            state = decision.rules[at]
+            status.current_limit.CopyFrom(call.counted[at].limit)
+            if from_memory and at != decision.refused_by:
+                continue  # a refusal held in memory knows the refusing rule's state only
+            if state.outcome in (Outcome.REFUSES, Outcome.NEVER_FITS) and not decision.admitted:
+                status.code = pb.OVER_LIMIT
+            elif state.outcome is not Outcome.SHADOW_REFUSES:
+                # a refused call counted nothing: what remains is what was there before it
+                left = state.remaining if decision.admitted else state.remaining + call.costs[at]
+                status.limit_remaining = min(max(0, left), 2**32 - 1)
+            if state.reset_ms > 0:
+                status.duration_until_reset.seconds, millis = divmod(state.reset_ms, 1000)
+                status.duration_until_reset.nanos = millis * 1_000_000
+        code = "over_limit" if response.overall_code == pb.OVER_LIMIT else "ok"
+        return _done(response, code, started)
+
+
+def _done(response: Any, code: str, started: float) -> bytes:
+    metrics.RLS_CALLS.labels(code).inc()
+    metrics.RLS_SECONDS.observe(time.perf_counter() - started)
+    return bytes(response.SerializeToString())
+
+
+def health(body: bytes, runtime: Runtime | None) -> bytes:
+    """grpc.health.v1.Health/Check: SERVING for "" and the rate limit service while the breaker is
+    closed, NOT_SERVING while Redis is unavailable; NOT_FOUND for another service."""
+    try:
+        request = pb.HealthCheckRequest.FromString(body)
+    except DecodeError as exc:
+        raise GrpcError(INVALID_ARGUMENT, f"the message is not a HealthCheckRequest: {exc}") from None
+    if request.service not in ("", SERVICE):
+        raise GrpcError(5, f"unknown service {request.service[:200]!r}")
+    serving = runtime is not None and runtime.limiter.breaker_state.name != "OPEN"
+    return bytes(pb.HealthCheckResponse(status=pb.SERVING if serving else pb.NOT_SERVING).SerializeToString())
+
+
+SERVICE = "envoy.service.ratelimit.v3.RateLimitService"
+SHOULD_RATE_LIMIT = f"/{SERVICE}/ShouldRateLimit"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
