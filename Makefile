@@ -43,6 +43,7 @@ test: $(DEV_STAMP) system-deps lint
 bench: $(DEV_STAMP) system-deps
 	$(PY) bench/run.py
 	$(PY) bench/check.py --docs
+	$(PY) bench/rls.py --docs
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

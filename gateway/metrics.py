@@ -100,11 +100,6 @@ RLS_CALLS = Counter(
     "without limits), unavailable (Redis), invalid (a malformed call: INVALID_ARGUMENT and the like).",
     ["result"],
 )
-RLS_SECONDS = Histogram(
-    "gateway_rls_call_seconds",
-    "Time from a rate limit service call's message to its answer, Redis included.",
-    buckets=LATENCY_BUCKETS,
-)
 UPSTREAM_LATENCY = Histogram(
     "gateway_upstream_latency_seconds",
     "Time from sending a request upstream to its response headers, by upstream.",

@@ -7,6 +7,7 @@ command -v faketime >/dev/null || need+=(faketime)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v caddy >/dev/null || [ -x /usr/bin/caddy ] || need+=(caddy)  # forward_auth recipe tests
 command -v wrk >/dev/null || need+=(wrk)
+command -v h2load >/dev/null || need+=(nghttp2-client)  # bench/rls.py: gRPC load (h2load)
 command -v promtool >/dev/null || need+=(prometheus)  # promtool tests the chart's alert rules
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then

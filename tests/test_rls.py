@@ -660,3 +660,18 @@ def test_the_schema_takes_both_forms() -> None:
     assert errors("version: 1\nrls: {files: [a.yaml]}\n") == []           # no route needed
     assert errors("version: 1\n") != []                                    # ... without rls
     assert errors(CONFIG.replace("{name: user_bucket,", "{name: user_bucket, by: [ip],")) != []
+
+
+def test_a_descriptor_limit_in_a_domain_without_rules(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    """A domain whose file has only unlimited entries still takes a descriptor's own limit."""
+    server = start_rls(tmp_path, redis_proc.url,
+                       {"free.yaml": "domain: free\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n"},
+                       "version: 1\nrls: {files: [free.yaml]}\n")
+    try:
+        key = unique()
+        answers = [server.client.ask("free", Descriptor([("k", key)], limit=(1, MINUTE))) for _ in range(2)]
+        assert [r.overall_code for r in answers] == [OK, OVER_LIMIT]
+        assert remaining(server.client.ask("free", [("k", key)])) == [2**32 - 1]
+    finally:
+        server.client.close()
+        server.gateway.stop()

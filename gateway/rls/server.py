@@ -75,6 +75,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.pending: dict[int, bytes] = {}  # answers waiting for the client's flow-control window
         self.closing = False
+        self.flush_due = False  # answers made in this turn of the loop go out in one write
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -202,8 +203,11 @@ class GrpcProtocol(asyncio.Protocol):
             self._answer(stream_id, answer)
         finally:
             self.tasks.pop(stream_id, None)
-        self._flush()
+        if not self.flush_due:  # the calls of one Redis batch end in one turn: one write for them all
+            self.flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush_later)
         if self.closing and not self.tasks:
+            self._flush()
             self._close()
 
     def _answer(self, stream_id: int, message: bytes) -> None:
@@ -250,6 +254,10 @@ class GrpcProtocol(asyncio.Protocol):
         data = self.conn.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+
+    def _flush_later(self) -> None:
+        self.flush_due = False
+        self._flush()
 
     def _close(self) -> None:
         if self.transport is not None:

@@ -20,7 +20,6 @@ refusals held in memory and metrics are those of any route.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, NamedTuple
@@ -35,7 +34,6 @@ from gateway.keys import identity_token, rule_key, state_key
 from gateway.limiter import Decision, Outcome, RuleSpec, rule_spec
 from gateway.overrides import RouteTable, overridden
 from gateway.pipeline import count_rules
-from gateway.plan import RoutePlan
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
 from gateway.rls.domains import CODE_SECONDS, Domain
@@ -71,7 +69,8 @@ class Counted(NamedTuple):
 class Call:
     """One ShouldRateLimit call's descriptors, read and checked, before anything is counted."""
 
-    def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None) -> None:
+    def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None,
+                 key_prefix: str) -> None:
         self.counted: list[Counted] = []
         self.costs: list[int] = []
         self.where: list[int | None] = []  # per descriptor: its place in `counted`, None: not counted
@@ -91,7 +90,7 @@ class Call:
                 if cost > MAX_HITS:
                     raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
             if descriptor.HasField("limit"):
-                picked.append((None, _dynamic(descriptor.limit, i, plan, entries), cost))
+                picked.append((None, _dynamic(descriptor.limit, i, plan.route.name, key_prefix, entries), cost))
                 continue
             d = domain.limit_of(entries)
             if d is None or d.rule is None:
@@ -141,19 +140,26 @@ def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]
     return entries
 
 
-def _dynamic(limit: Any, i: int, plan: RoutePlan, entries: list[tuple[str, str]]) -> Counted:
+_DYNAMIC: dict[tuple[int, int], tuple[Rule, RuleSpec, Any]] = {}
+
+
+def _dynamic(limit: Any, i: int, route: str, key_prefix: str, entries: list[tuple[str, str]]) -> Counted:
     """A descriptor's own `limit` (envoyproxy/ratelimit: it replaces any configured one): a fixed
     window of its unit, counted under the descriptor's keys and values."""
-    seconds = CODE_SECONDS.get(limit.unit)
-    if seconds is None:
-        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
-    word = _UNIT_WORDS[limit.unit]
-    rule = Rule(name=f"descriptor_limit.{word}", by=(), algorithm="fixed_window", limit=limit.requests_per_unit,
-                window=float(seconds))
+    found = _DYNAMIC.get((limit.requests_per_unit, limit.unit))
+    if found is None:
+        seconds = CODE_SECONDS.get(limit.unit)
+        if seconds is None:
+            raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
+        rule = Rule(name=f"descriptor_limit.{_UNIT_WORDS[limit.unit]}", by=(), algorithm="fixed_window",
+                    limit=limit.requests_per_unit, window=float(seconds))
+        if len(_DYNAMIC) >= 1024:
+            _DYNAMIC.clear()
+        reported = pb.RateLimitResponse.RateLimit(requests_per_unit=limit.requests_per_unit, unit=limit.unit)
+        found = _DYNAMIC[(limit.requests_per_unit, limit.unit)] = (rule, rule_spec(rule), reported)
+    rule, spec, reported = found
     parts = [part.encode() for entry in entries for part in entry]
-    key = state_key(plan.prefix_keys[0].split(":{", 1)[0], plan.route.name, rule.name, identity_token(parts))
-    return Counted(rule, rule_spec(rule), key, pb.RateLimitResponse.RateLimit(
-        requests_per_unit=limit.requests_per_unit, unit=limit.unit))
+    return Counted(rule, spec, state_key(key_prefix, route, rule.name, identity_token(parts)), reported)
 
 
 class RateLimitService:
@@ -164,10 +170,17 @@ class RateLimitService:
 
     async def should_rate_limit(self, body: bytes) -> bytes:
         """A RateLimitRequest's bytes -> the RateLimitResponse's; raises GrpcError."""
+        try:
+            return await self._answer(body)
+        except GrpcError as exc:
+            if exc.status != UNAVAILABLE:
+                _count("invalid")
+            raise
+
+    async def _answer(self, body: bytes) -> bytes:
         runtime = self.current()
         if runtime is None:
             raise GrpcError(UNAVAILABLE, "the gateway is starting")
-        started = time.perf_counter()
         try:
             request = pb.RateLimitRequest.FromString(body)
         except DecodeError as exc:
@@ -186,16 +199,16 @@ class RateLimitService:
             response = pb.RateLimitResponse(overall_code=pb.OK)
             for _ in request.descriptors:
                 response.statuses.add(code=pb.OK)
-            return _done(response, code, started)
+            return _done(response, code)
         runtime.enter()
         try:
-            return await self._decide(runtime, domain, request, started)
+            return await self._decide(runtime, domain, request)
         finally:
             runtime.leave()
 
-    async def _decide(self, runtime: Runtime, domain: Domain, request: Any, started: float) -> bytes:
+    async def _decide(self, runtime: Runtime, domain: Domain, request: Any) -> bytes:
         overrides = runtime.overrides.get(domain.plan.route.name)
-        call = Call(request, domain, runtime.config.identity_max_bytes, overrides)
+        call = Call(request, domain, runtime.config.identity_max_bytes, overrides, runtime.redis.key_prefix)
         response = pb.RateLimitResponse(overall_code=pb.OK)
         route = domain.plan.route
         decision: Decision | None = None
@@ -210,7 +223,7 @@ class RateLimitService:
                     rules, keys, costs, partial(runtime.limiter.decide, specs, keys, costs))
             except RedisUnavailable as exc:
                 metrics.REDIS_ERRORS.labels(exc.kind).inc()
-                metrics.RLS_CALLS.labels("unavailable").inc()
+                _count("unavailable")
                 raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
                                              "decides") from None
             if not from_memory:
@@ -246,12 +259,21 @@ class RateLimitService:
                 status.duration_until_reset.seconds, millis = divmod(state.reset_ms, 1000)
                 status.duration_until_reset.nanos = millis * 1_000_000
         code = "over_limit" if response.overall_code == pb.OVER_LIMIT else "ok"
-        return _done(response, code, started)
+        return _done(response, code)
 
 
-def _done(response: Any, code: str, started: float) -> bytes:
-    metrics.RLS_CALLS.labels(code).inc()
-    metrics.RLS_SECONDS.observe(time.perf_counter() - started)
+_CALLS: dict[str, Any] = {}
+
+
+def _count(result: str) -> None:
+    counter = _CALLS.get(result)
+    if counter is None:
+        counter = _CALLS[result] = metrics.RLS_CALLS.labels(result)
+    counter.inc()
+
+
+def _done(response: Any, result: str) -> bytes:
+    _count(result)
     return bytes(response.SerializeToString())
 
 
