@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
+from gateway.rls.tls import tls_context
 from gateway.settings import Settings, from_env
 
 if TYPE_CHECKING:
@@ -36,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                        "Traefik and Caddy (env GATEWAY_CHECK_PORT; default off)")
     serve.add_argument("--rls-port", type=int, help="Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) "
                        "for Envoy, Istio, Contour and Gloo (env GATEWAY_RLS_PORT; default off)")
+    serve.add_argument("--rls-tls-cert", help="serve the rate limit service over TLS (HTTP/2 by ALPN) with this PEM "
+                       "certificate chain (env GATEWAY_RLS_TLS_CERT; with --rls-tls-key)")
+    serve.add_argument("--rls-tls-key", help="the PEM private key of --rls-tls-cert (env GATEWAY_RLS_TLS_KEY)")
     serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
     serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
                        "default: none, state is in memory and gone on exit)")
@@ -64,6 +69,7 @@ def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settin
         "admin_host": args.admin_host, "admin_port": args.admin_port,
         "workers": args.workers, "redis_url": args.redis_url, "data_dir": args.data_dir,
         "check_port": args.check_port, "rls_port": args.rls_port,
+        "rls_tls_cert": args.rls_tls_cert, "rls_tls_key": args.rls_tls_key,
     }
     return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
 
@@ -116,6 +122,15 @@ def serve(settings: Settings, worker: WorkerMain | None = None) -> int:
     if len(set(ports)) < len(ports):
         print("gateway: the proxy, admin, check and RLS ports must all differ", file=sys.stderr)
         return 2
+    if (settings.rls_tls_cert is None) != (settings.rls_tls_key is None):
+        print("gateway: --rls-tls-cert and --rls-tls-key go together", file=sys.stderr)
+        return 2
+    if settings.rls_tls_cert is not None:
+        try:
+            tls_context(settings.rls_tls_cert, settings.rls_tls_key or "")
+        except (OSError, ssl.SSLError) as exc:
+            print(f"gateway: the RLS port's certificate or key cannot be used: {exc}", file=sys.stderr)
+            return 2
     if not os.path.exists(settings.config_path):
         print(f"gateway: no routes file at {os.path.abspath(settings.config_path)}; "
               "pass --config PATH (or set GATEWAY_CONFIG)", file=sys.stderr)

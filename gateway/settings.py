@@ -27,6 +27,8 @@ class Settings:
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
     check_port: int | None = None          # the check endpoint (forward-auth), on `host`; off unless given
     rls_port: int | None = None            # Envoy's rate limit service (gRPC), on `host`; off unless given
+    rls_tls_cert: str | None = None        # ... over TLS (ALPN h2) with this certificate chain and key
+    rls_tls_key: str | None = None
 
     @property
     def decision_only(self) -> bool:
@@ -55,6 +57,8 @@ ENV_KEYS = {
     "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
     "GATEWAY_CHECK_PORT": ("check_port", int),
     "GATEWAY_RLS_PORT": ("rls_port", int),
+    "GATEWAY_RLS_TLS_CERT": ("rls_tls_cert", str),
+    "GATEWAY_RLS_TLS_KEY": ("rls_tls_key", str),
 }
 
 

@@ -35,6 +35,7 @@ from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
 from gateway.parent_death import die_with_parent
+from gateway.rls.tls import tls_context
 from gateway.settings import Settings, needs_embedded_redis
 
 if TYPE_CHECKING:
@@ -296,7 +297,10 @@ def run_worker(settings: Settings, sockets: list[socket.socket], composed: Compo
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})  # blocked since the spawn
             await super().startup(sockets=sockets)
             if rls is not None and rls_socket is not None and self.started:
-                await rls.start(rls_socket)
+                tls = None
+                if settings.rls_tls_cert is not None and settings.rls_tls_key is not None:
+                    tls = tls_context(settings.rls_tls_cert, settings.rls_tls_key)
+                await rls.start(rls_socket, tls)
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             if rls is not None:  # GOAWAY; the calls in flight answered before the runtime closes

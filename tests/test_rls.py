@@ -675,3 +675,50 @@ def test_a_descriptor_limit_in_a_domain_without_rules(tmp_path: Path, redis_proc
     finally:
         server.client.close()
         server.gateway.stop()
+
+
+def test_tls_with_alpn_h2(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    """--rls-tls-cert/--rls-tls-key: the same service over TLS, HTTP/2 by ALPN; a cleartext client
+    gets nothing."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "server.pem"))
+    (tmp_path / "basic.yaml").write_text(BASIC)
+    port = free_port()
+    gateway = GatewayProcess("version: 1\nrls: {files: [basic.yaml]}\n", tmp_path, redis_url=redis_proc.url,
+                             args=("--rls-port", str(port), "--rls-tls-cert", str(tmp_path / "server.pem"),
+                                   "--rls-tls-key", str(tmp_path / "server.pem")))
+    gateway.start()
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.cert_pem.bytes())
+    channel = grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+    try:
+        call = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        answer = pb.RateLimitResponse.FromString(call(request("basic", [("key1", unique())]).SerializeToString(),
+                                                      timeout=5))
+        assert remaining(answer) == [49]
+        plain = RlsClient(port)
+        status, _ = error_of(lambda: plain.ask("basic", [("key1", "x")], timeout=3))
+        assert status is grpc.StatusCode.UNAVAILABLE
+        plain.close()
+    finally:
+        channel.close()
+        gateway.stop()
+
+
+def test_tls_files_that_cannot_be_used_stop_the_start(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "routes.yaml").write_text("version: 1\nrls: {domains: {}}\n")
+    (tmp_path / "bad.pem").write_text("not a certificate")
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(tmp_path / "routes.yaml"),
+                           "--rls-port", str(free_port()), "--rls-tls-cert", str(tmp_path / "bad.pem"),
+                           "--rls-tls-key", str(tmp_path / "bad.pem")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "certificate or key cannot be used" in done.stderr
+    half = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(tmp_path / "routes.yaml"),
+                           "--rls-port", str(free_port()), "--rls-tls-cert", str(tmp_path / "bad.pem")],
+                          capture_output=True, text=True, timeout=60)
+    assert half.returncode == 2 and "go together" in half.stderr

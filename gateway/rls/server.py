@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import cast
 from urllib.parse import quote
@@ -280,9 +281,10 @@ class GrpcServer:
         self.connections: set[GrpcProtocol] = set()
         self.server: asyncio.Server | None = None
 
-    async def start(self, sock: socket.socket) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections), sock=sock)
+        self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections), sock=sock,
+                                               ssl=tls)
 
     async def stop(self, timeout: float) -> None:
         """Stop listening, send GOAWAY on every connection, wait up to `timeout` for the calls in flight."""

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,9 +82,9 @@ class _Service:
 class GrpclibServer(GrpcServer):
     """grpclib's Server behind GrpcServer's start and stop."""
 
-    async def start(self, sock: socket.socket) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         self.grpclib = Server([_Service(self.calls, self.now)], codec=RawCodec())
-        await self.grpclib.start(sock=sock)
+        await self.grpclib.start(sock=sock, ssl=tls)
 
     async def stop(self, timeout: float) -> None:
         self.grpclib.close()
