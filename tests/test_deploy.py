@@ -218,6 +218,20 @@ def test_dockerignore_keeps_what_the_build_copies_and_nothing_else() -> None:
 
 REPO_ROUTES = (ROOT / "routes.yaml").read_text()
 
+RLS_ROUTES = """\
+version: 1
+redis: {mode: "${REDIS_MODE:-standalone}", timeout: 50ms}
+admin: {token: "${ADMIN_TOKEN:-}"}
+rls: {files: [rls/config.yaml]}
+"""
+RLS_FILE = """\
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 600}
+"""
+
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "production": {
@@ -269,6 +283,19 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "check": {"enabled": True, "servicePort": 9191},
     },
     "repo-routes-as-mapping": {"routes": yaml.safe_load(REPO_ROUTES)},
+    "envoy-rls-only": {  # a team moving from envoyproxy/ratelimit: its files, no route, TLS, Istio's Envoys
+        "redis": {"existingSecret": "redis-conn"},
+        "replicaCount": 3,
+        "routes": RLS_ROUTES,
+        "rls": {"enabled": True, "files": {"config.yaml": RLS_FILE}, "tls": {"secretName": "rls-tls"}},
+        "networkPolicy": {
+            "enabled": True,
+            "proxyFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}}}],
+            "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "rlsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}}}],
+            "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": 6379}]}],
+        },
+    },
     "dashboard-alerts-ingress": {
         "redis": {"existingSecret": "redis-conn"},
         "replicaCount": 2,
@@ -422,9 +449,14 @@ def pod_env(deployment: dict[str, Any]) -> dict[str, str]:
 def test_rendered_routes_pass_gateway_check(scenario: tuple[str, dict[str, Any], list[dict[str, Any]]],
                                             tmp_path: Path) -> None:
     name, values, docs = scenario
-    routes = one(docs, "ConfigMap")["data"]["routes.yaml"]
+    data = one(docs, "ConfigMap")["data"]
+    routes = data["routes.yaml"]
     path = tmp_path / "routes.yaml"
     path.write_text(routes)
+    items = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"][0]["configMap"]["items"]
+    for item in items:  # the pod's /etc/gateway, as the volume lays it out
+        (tmp_path / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / item["path"]).write_text(data[item["key"]])
     env = pod_env(one(docs, "Deployment"))
     base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH", "TZ")}
     result = subprocess.run([sys.executable, "-m", "gateway", "check", str(path)], cwd=ROOT,
@@ -459,6 +491,7 @@ def test_pods_are_restricted_and_probed_on_the_admin_port(
     assert container["resources"]["requests"]["cpu"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     checking = {"check": 8081} if values.get("check", {}).get("enabled") else {}
+    checking |= {"grpc-rls": 8082} if values.get("rls", {}).get("enabled") else {}
     assert ports == {"proxy": 8080, "admin": 9090, **checking}
     # Probes only on endpoints that answer 200 while Redis is down (tests/test_operators.py kills
     # Redis under traffic and polls /readyz): a shared-Redis outage must not empty the Service.
@@ -541,6 +574,20 @@ def test_services_keep_admin_apart(scenario: tuple[str, dict[str, Any], list[dic
     else:
         assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-check")]
         assert "GATEWAY_CHECK_PORT" not in pod_env(one(docs, "Deployment"))
+    env = pod_env(one(docs, "Deployment"))
+    if values.get("rls", {}).get("enabled"):  # gRPC for the meshes: HTTP/2 from the first byte
+        rls = one(docs, "Service", f"{FULLNAME}-rls")
+        assert rls["spec"]["type"] == "ClusterIP" and rls["spec"]["selector"] == selector
+        assert [(p["name"], p["targetPort"], p["port"], p["appProtocol"]) for p in rls["spec"]["ports"]] == [
+            ("grpc-rls", "grpc-rls", 8081, "grpc")]
+        assert env["GATEWAY_RLS_PORT"] == "8082"
+        if values["rls"].get("tls", {}).get("secretName"):
+            volumes = {v["name"]: v for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+            assert volumes["rls-tls"]["secret"]["secretName"] == values["rls"]["tls"]["secretName"]
+            assert env["GATEWAY_RLS_TLS_CERT"] == "/etc/gateway-rls-tls/tls.crt"
+    else:
+        assert not [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-rls")]
+        assert "GATEWAY_RLS_PORT" not in env
     assert [p["targetPort"] for p in proxy["spec"]["ports"]] == ["proxy"]
     assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
     assert admin["spec"]["type"] == "ClusterIP"
@@ -565,6 +612,10 @@ def test_services_keep_admin_apart(scenario: tuple[str, dict[str, Any], list[dic
             assert rules["check"]["from"] == values["networkPolicy"]["checkFrom"]
         else:
             assert "check" not in rules
+        if values.get("rls", {}).get("enabled"):
+            assert rules["grpc-rls"]["from"] == values["networkPolicy"]["rlsFrom"]
+        else:
+            assert "grpc-rls" not in rules
         assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
         assert policy["spec"]["egress"][0]["ports"][0]["port"] == 53, "DNS stays allowed"
     else:
@@ -643,6 +694,8 @@ REFUSED = [
     ({"upstreams": {"shop": "shop.svc:8080"}}, "/upstreams/shop"),
     ({"ingress": {"enabled": True, "hosts": [{"host": "a.example.com", "paths": [{"path": "v1"}]}]}},
      "/ingress/hosts/0/paths/0/path"),
+    ({"rls": {"enabled": True, "containerPort": 8080}}, "rls.containerPort: each port must differ"),
+    ({"rls": {"files": {"a.yaml": "domain: a"}}}, "rls.files: they are only read by the rate limit service"),
 ]
 
 

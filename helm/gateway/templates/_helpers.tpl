@@ -141,6 +141,18 @@ before this by values.schema.json.
 {{- if and .Values.autoscaling.enabled (not .Values.autoscaling.targetCPUUtilizationPercentage) (not .Values.autoscaling.targetMemoryUtilizationPercentage) -}}
 {{- $problems = append $problems "autoscaling: set targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage (the HPA needs a metric)" -}}
 {{- end -}}
+{{- $base := list (int .Values.containerPorts.proxy) (int .Values.containerPorts.admin) -}}
+{{- $extra := list -}}
+{{- if .Values.check.enabled -}}{{- $extra = append $extra (int .Values.check.containerPort) -}}{{- end -}}
+{{- if .Values.rls.enabled -}}{{- $extra = append $extra (int .Values.rls.containerPort) -}}{{- end -}}
+{{- $clash := ne (len $extra) (len (uniq $extra)) -}}
+{{- range $extra -}}{{- if has . $base -}}{{- $clash = true -}}{{- end -}}{{- end -}}
+{{- if $clash -}}
+{{- $problems = append $problems "check.containerPort and rls.containerPort: each port must differ from the others and from containerPorts.proxy and containerPorts.admin" -}}
+{{- end -}}
+{{- if and .Values.rls.files (not .Values.rls.enabled) -}}
+{{- $problems = append $problems "rls.files: they are only read by the rate limit service; set rls.enabled" -}}
+{{- end -}}
 {{- if eq (int .Values.containerPorts.proxy) (int .Values.containerPorts.admin) -}}
 {{- $problems = append $problems "containerPorts: proxy and admin must differ (the admin API is never served on the proxy port)" -}}
 {{- end -}}
