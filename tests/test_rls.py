@@ -485,6 +485,9 @@ def test_admin_override_of_a_native_rule(rls: Rls) -> None:
     answers = [rls.client.ask("native", [("user", user)]).overall_code for _ in range(6)]
     assert answers == [OK] * 5 + [OVER_LIMIT]
     assert remaining(rls.client.ask("native", Descriptor([("user", unique())], hits=0))) == [3]  # others: 3
+    state = httpx.get(f"{rls.gateway.admin_url}/limits/rls.native/user_bucket", params={"key": user}, timeout=5)
+    assert state.status_code == 200, state.text
+    assert state.json()["remaining"] == 0
     limits = httpx.get(f"{rls.gateway.admin_url}/limits", timeout=5).json()
     native = next(r for r in limits["routes"] if r["name"] == "rls.native")
     assert native["match"] == {"rls_domain": "native"}

@@ -137,3 +137,22 @@ def test_redis_down_is_envoys_failure_mode_deny_to_decide(tmp_path: Path, upstre
         assert [front.get("frank").status_code for _ in range(4)] == [200, 200, 200, 429]  # Redis restarted empty
     finally:
         stop_front(front)
+
+
+def test_the_docs_recipe_is_the_one_tested() -> None:
+    """docs/envoy-rls.md shows the Envoy configuration this module runs (ports 8080, 8081, 8000),
+    and its other YAML blocks (routes.yaml, Istio, Contour) parse."""
+    import yaml
+
+    from tests.support.front_proxies import envoy_rls_config
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "envoy-rls.md").read_text()
+    assert envoy_rls_config(8080, 8081, "127.0.0.1", 8000, "edge", False).rstrip() in doc
+    blocks = doc.split("```yaml\n")[1:]
+    assert len(blocks) >= 4
+    for block in blocks:
+        assert list(yaml.safe_load_all(block.split("```", 1)[0])), block[:200]
+    routes = doc.split("```yaml\n")[1].split("```", 1)[0]
+    from gateway.config import parse_config
+    config = parse_config(routes.replace("[ratelimit/config.yaml]", "[]"), "routes.yaml", {})
+    assert [d.name for d in config.rls] == ["edge"]
