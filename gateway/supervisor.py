@@ -67,6 +67,10 @@ def file_stamp(path: str) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def rls_stamps(config: Config) -> tuple[tuple[int, int, int] | None, ...]:
+    return tuple(file_stamp(path) for path in config.rls_files)
+
+
 class Supervisor:
     def __init__(self, settings: Settings, config: Config, stamp: tuple[int, int, int] | None = None,
                  worker: WorkerMain | None = None) -> None:
@@ -74,6 +78,7 @@ class Supervisor:
         self.worker = worker or worker_main  # a module-level function: the spawned process imports it
         self.config = config
         self.stamp = stamp or file_stamp(settings.config_path)  # the file as `config` was read from it
+        self.rls_stamps = rls_stamps(config)  # ... and the envoyproxy/ratelimit files it names
         self.workers: list[BaseProcess] = []
         self.stopping = False
         self.reload_requested = False
@@ -144,6 +149,10 @@ class Supervisor:
                     stamp = current
                     log.info("%s changed on disk: reloading", settings.config_path)
                     self.reload_requested = True
+                elif settings.watch_interval > 0 and rls_stamps(self.config) != self.rls_stamps:
+                    self.rls_stamps = rls_stamps(self.config)
+                    log.info("a file of rls.files changed on disk: reloading")
+                    self.reload_requested = True
                 if self.reload_requested:
                     self.reload_requested = False
                     self._remember_good_config()
@@ -175,6 +184,7 @@ class Supervisor:
         config so that a worker started later (a crashed one replaced) does not fail on a bad file."""
         with contextlib.suppress(ConfigError):
             self.config = load_config(self.settings.config_path, decision_only=self.settings.decision_only)
+        self.rls_stamps = rls_stamps(self.config)
 
     def _replace_dead(self, context: multiprocessing.context.SpawnContext, sockets: list[socket.socket]) -> None:
         from gateway.metrics import mark_worker_dead

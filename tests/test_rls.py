@@ -725,3 +725,22 @@ def test_tls_files_that_cannot_be_used_stop_the_start(tmp_path: Path) -> None:
                            "--rls-port", str(free_port()), "--rls-tls-cert", str(tmp_path / "bad.pem")],
                           capture_output=True, text=True, timeout=60)
     assert half.returncode == 2 and "go together" in half.stderr
+
+
+def test_an_edited_rls_file_is_reloaded(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    """A file of rls.files is watched as routes.yaml is: saved, it is in force within the watch
+    period; saved broken, the last good one stays."""
+    server = start_rls(tmp_path, redis_proc.url, {"basic.yaml": BASIC}, "version: 1\nrls: {files: [basic.yaml]}\n")
+    try:
+        def limit() -> tuple[int, int] | None:
+            return limit_of(server.client.ask("basic", Descriptor([("key1", "x")], hits=0)).statuses[0])
+
+        assert limit() == (50, SECOND)
+        (tmp_path / "basic.yaml").write_text(BASIC.replace("requests_per_unit: 50", "requests_per_unit: 70"))
+        wait_until(lambda: limit() == (70, SECOND), timeout=15)
+        (tmp_path / "basic.yaml").write_text("domain: basic\ndescriptors:\n  - value: no key\n")
+        wait_until(lambda: "descriptor has empty key" in server.gateway.log(), timeout=15)
+        assert limit() == (70, SECOND)
+    finally:
+        server.client.close()
+        server.gateway.stop()

@@ -299,14 +299,18 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         settings["admin_token"] = settings["admin_token"] or None
     upstreams = _upstreams(top, r)
     routes = _routes(top, r, upstreams, defaults, jwt)
-    rls = _rls(top.nodes["rls"], r, defaults, {route.name for route in routes}) if "rls" in top else ()
+    rls_files: list[str] = []
+    rls = _rls(top.nodes["rls"], r, defaults, {route.name for route in routes}, rls_files) if "rls" in top else ()
     if r.problems:
         return None
-    return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, rls=rls, **settings)
+    return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, rls=rls,
+                  rls_files=tuple(rls_files), **settings)
 
 
-def _rls(node: yaml.Node, r: _Reader, defaults: dict[str, str], route_names: set[str]) -> tuple[RlsDomain, ...]:
-    """`rls:` envoyproxy/ratelimit's files (rls.files, relative to this file) and the native domains."""
+def _rls(node: yaml.Node, r: _Reader, defaults: dict[str, str], route_names: set[str],
+         files: list[str]) -> tuple[RlsDomain, ...]:
+    """`rls:` envoyproxy/ratelimit's files (rls.files, relative to this file; each path read is
+    added to `files`) and the native domains."""
     found = r.section(node, "rls", Place.RLS)
     if found is None:
         return ()
@@ -317,7 +321,9 @@ def _rls(node: yaml.Node, r: _Reader, defaults: dict[str, str], route_names: set
         if not path:
             r.problem(where, f"rls.files[{i}]", "must be a path")
             continue
-        source, problems = rls.read_file(base / path, str(base / path) if not Path(path).is_absolute() else path)
+        shown = str(base / path) if not Path(path).is_absolute() else path
+        files.append(shown)
+        source, problems = rls.read_file(base / path, shown)
         r.problems.extend(problems)
         if source is not None:
             sources.append((source, where))

@@ -237,6 +237,7 @@ class Config:
     check_path_prefix: str = default(P.CHECK, "path_prefix")
     check_convention: str = default(P.CHECK, "convention")
     rls: tuple[RlsDomain, ...] = ()  # Envoy's rate limit service (gateway/rls/)
+    rls_files: tuple[str, ...] = ()  # the envoyproxy/ratelimit files it read (watched as routes.yaml is)
 
     @property
     def limited_routes(self) -> tuple[Route, ...]:
