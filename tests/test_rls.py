@@ -744,3 +744,14 @@ def test_an_edited_rls_file_is_reloaded(tmp_path: Path, redis_proc: RedisProcess
     finally:
         server.client.close()
         server.gateway.stop()
+
+
+def test_a_sharded_domain_needs_a_share_for_every_rule(tmp_path: Path) -> None:
+    (tmp_path / "routes.yaml").write_text(
+        "version: 1\nrls:\n  domains:\n    d:\n      shards: 4\n      descriptors:\n"
+        "        - {key: user, limit: {name: user, algorithm: fixed_window, limit: 3, window: 1m}}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config(tmp_path / "routes.yaml")
+    (problem,) = raised.value.problems
+    assert (problem.line, problem.key) == (5, "rls.domains.d.shards")
+    assert "rule 'user' (limit 3) cannot be split over 4 shards" in problem.message

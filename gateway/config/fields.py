@@ -186,6 +186,10 @@ FIELDS: tuple[Field, ...] = (
        "matched to rules of any algorithm."),
     _f(Place.RLS_DOMAIN, "descriptors", ListOf(Section(Place.RLS_DESCRIPTOR)), "The domain's descriptor "
        "entries.", required="(a domain without descriptors limits nothing)"),
+    _f(Place.RLS_DOMAIN, "shards", Integer(1, MAX_SHARDS), "Redis Cluster: spread the domain's keys over this many "
+       "hash tags; a call goes to the shard of its first counted descriptor's values, whose rule keeps its whole "
+       "limit there, every other rule of the call its share (docs/scaling.md). Keep the descriptor that names the "
+       "caller first in every Envoy route's actions.", default=1),
     _f(Place.RLS_DESCRIPTOR, "key", Text(r"^.{1,256}$", "must be 1 to 256 characters"), "The entry's key.",
        required=""),
     _f(Place.RLS_DESCRIPTOR, "value", Text(r"^.{0,256}$", "must be at most 256 characters"), "The entry's "

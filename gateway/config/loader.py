@@ -365,9 +365,24 @@ def _rls_native(node: yaml.Node, r: _Reader) -> list[tuple[rls.DomainSource, yam
         found = r.section(vnode, key, Place.RLS_DOMAIN)
         if found is None or found.missing:
             continue
+        shards = r.read(found, key, Place.RLS_DOMAIN, only=["shards"]).get("shards", 1)
         nodes = _rls_descriptors(found.nodes["descriptors"], f"{key}.descriptors", r, 1)
-        out.append((rls.DomainSource(name, r.file, vnode.start_mark.line + 1, nodes), knode))
+        if shards > 1:
+            _check_rls_shards(nodes, found.nodes["shards"], key, r, shards)
+        out.append((rls.DomainSource(name, r.file, vnode.start_mark.line + 1, nodes, shards), knode))
     return out
+
+
+def _check_rls_shards(nodes: list[rls.Node], snode: yaml.Node, key: str, r: _Reader, shards: int) -> None:
+    """Every rule of a sharded domain may hold only its share in a shard: each share at least 1."""
+    for node in nodes:
+        rule = node.rule
+        if rule is not None and rule.quota_size < shards:
+            size = "burst" if rule.algorithm in BUCKET_ALGORITHMS else "limit"
+            r.problem(snode, f"{key}.shards", f"rule {rule.name!r} ({size} {rule.quota_size}) cannot be split over "
+                                              f"{shards} shards: where it is not a call's first descriptor it holds "
+                                              "a share in each shard, and each needs at least 1")
+        _check_rls_shards(node.children, snode, key, r, shards)
 
 
 def _rls_descriptors(node: yaml.Node, key: str, r: _Reader, depth: int) -> list[rls.Node]:

@@ -4,10 +4,13 @@ route (`rls.<domain>`), the RateLimit each of its rules reports (gateway/rls/ser
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.config import Rule
 from gateway.config.model import RlsDescriptor, RlsDomain
+from gateway.keys import rule_key
+from gateway.limiter import RuleSpec, rule_spec
+from gateway.overrides import RouteTable, overridden
 from gateway.plan import RoutePlan
 from gateway.rls import messages as pb
 
@@ -43,6 +46,15 @@ def _compile(descriptors: tuple[RlsDescriptor, ...]) -> Node:
     return node
 
 
+class Counted(NamedTuple):
+    """One rule and key counted in the call, and the descriptors it answers for."""
+
+    rule: Rule
+    spec: RuleSpec
+    key: str
+    limit: Any  # RateLimitResponse.RateLimit
+
+
 class Domain:
     """One domain as served: its tree, its route's plan, the RateLimit each rule reports."""
 
@@ -51,6 +63,25 @@ class Domain:
         self.plan = plan
         self.root = _compile(domain.descriptors)
         self.limits = [_rate_limit(rule, name) for rule, name in zip(domain.route.limits, domain.names, strict=True)]
+        shards = plan.shards
+        self.whole = [rule_spec(rule) for rule in plan.rules]  # a rule's spec where it holds its whole limit
+        self.shares = [[rule_spec(rule, shards, s) for rule in plan.rules] for s in range(shards)] if shards > 1 \
+            else [self.whole]
+
+    def counted(self, index: int, parts: list[bytes], shard: int, whole: bool,
+                overrides: RouteTable | None) -> Counted | None:
+        """Rule `index` for the identity `parts` in `shard`, as overridden for it; None when an
+        override makes it unlimited."""
+        prefix = self.plan.shard_prefix_keys[shard][index] if self.plan.shards > 1 else self.plan.prefix_keys[index]
+        key = rule_key(prefix, parts)
+        rule, spec = self.plan.rules[index], (self.whole if whole else self.shares[shard])[index]
+        found = overridden(overrides, index, key[len(prefix):]) if overrides else None
+        if found is not None:
+            if found.rule is None:
+                return None
+            rule = found.rule
+            spec = rule_spec(rule) if whole else rule_spec(rule, self.plan.shards, shard)
+        return Counted(rule, spec, key, self.limits[index])
 
     def limit_of(self, entries: list[tuple[str, str]]) -> RlsDescriptor | None:
         """The descriptor entry whose rule counts a descriptor of these entries (envoyproxy/ratelimit's

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -30,13 +30,13 @@ from gateway import metrics
 from gateway.config import Rule
 from gateway.config.model import RlsDescriptor
 from gateway.errors import RedisUnavailable
-from gateway.keys import identity_token, rule_key, state_key
+from gateway.keys import identity_token, shard_of, state_key
 from gateway.limiter import Decision, Outcome, RuleSpec, rule_spec
-from gateway.overrides import RouteTable, overridden
+from gateway.overrides import RouteTable
 from gateway.pipeline import count_rules
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
-from gateway.rls.domains import CODE_SECONDS, Domain
+from gateway.rls.domains import CODE_SECONDS, Counted, Domain
 from gateway.runtime import Runtime
 
 # gRPC status codes (grpc/status.h)
@@ -57,17 +57,12 @@ class GrpcError(Exception):
         self.message = message
 
 
-class Counted(NamedTuple):
-    """One rule and key counted in the call, and the descriptors it answers for."""
-
-    rule: Rule
-    spec: RuleSpec
-    key: str
-    limit: Any  # RateLimitResponse.RateLimit
-
-
 class Call:
-    """One ShouldRateLimit call's descriptors, read and checked, before anything is counted."""
+    """One ShouldRateLimit call's descriptors, read and checked, before anything is counted.
+
+    A domain with `shards: N` (Redis Cluster) puts the call in the shard its first counted
+    descriptor's values choose: that descriptor's rule holds its whole limit there, every other
+    rule of the call its share (keys.shard_of, shard_share), as a route's rules do."""
 
     def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None,
                  key_prefix: str) -> None:
@@ -76,11 +71,10 @@ class Call:
         self.where: list[int | None] = []  # per descriptor: its place in `counted`, None: not counted
         self.unlimited: list[bool] = []
         plan = domain.plan
-        index: dict[str, int] = {}
         hits = request.hits_addend or 1
         if hits > MAX_HITS:
             raise GrpcError(INVALID_ARGUMENT, f"hits_addend must be at most {MAX_HITS}")
-        picked: list[tuple[RlsDescriptor | None, Counted | None, int]] = []
+        found: list[tuple[RlsDescriptor | None, list[tuple[str, str]], int, Counted | None]] = []
         replaced: set[str] = set()
         for i, descriptor in enumerate(request.descriptors):
             entries = _entries(descriptor, i, identity_max)
@@ -90,36 +84,36 @@ class Call:
                 if cost > MAX_HITS:
                     raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
             if descriptor.HasField("limit"):
-                picked.append((None, _dynamic(descriptor.limit, i, plan.route.name, key_prefix, entries), cost))
+                found.append((None, entries, cost, _dynamic(descriptor.limit, i, plan.route.name, key_prefix,
+                                                             entries)))
                 continue
             d = domain.limit_of(entries)
-            if d is None or d.rule is None:
-                picked.append((d, None, cost))
-                continue
-            parts = [value.encode() for _, value in entries]
-            prefix = plan.prefix_keys[d.rule]
-            key = rule_key(prefix, parts)
-            rule, spec = plan.rules[d.rule], plan.args[d.rule]
-            found = overridden(overrides, d.rule, key[len(prefix):]) if overrides else None
-            if found is not None:
-                if found.rule is None:  # unlimited for this identity
-                    picked.append((d, None, cost))
-                    continue
-                rule, spec = found.rule, found.specs[0]
-            picked.append((d, Counted(rule, spec, key, domain.limits[d.rule]), cost))
-            replaced.update(d.replaces)
+            found.append((d, entries, cost, None))
+            if d is not None and d.rule is not None:
+                replaced.update(d.replaces)
         names = domain.domain.names
-        for d, counted, cost in picked:
-            if counted is not None and d is not None and d.rule is not None and names[d.rule] in replaced:
-                counted = None  # a rule another matched rule replaces
+        counted = [d is not None and d.rule is not None and names[d.rule] not in replaced for d, _, _, _ in found]
+        shard, first = 0, None
+        if plan.shards > 1:
+            first = next((j for j, yes in enumerate(counted) if yes), None)
+            if first is not None:
+                shard = shard_of([value.encode() for _, value in found[first][1]], plan.shards)
+        index: dict[str, int] = {}
+        for j, (d, entries, cost, dynamic) in enumerate(found):
             self.unlimited.append(d is not None and d.unlimited)
-            if counted is None:
+            this = dynamic
+            if counted[j]:
+                assert d is not None
+                assert d.rule is not None
+                this = domain.counted(d.rule, [value.encode() for _, value in entries], shard, j == first or
+                                      plan.shards == 1, overrides)
+            if this is None:
                 self.where.append(None)
                 continue
-            at = index.get(counted.key)
+            at = index.get(this.key)
             if at is None:  # one key twice in a call: one rule in the script, the costs summed
-                at = index[counted.key] = len(self.counted)
-                self.counted.append(counted)
+                at = index[this.key] = len(self.counted)
+                self.counted.append(this)
                 self.costs.append(0)
             self.costs[at] += cost
             self.where.append(at)
