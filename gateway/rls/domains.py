@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from gateway.config import Rule
 from gateway.config.model import RlsDescriptor, RlsDomain
-from gateway.keys import rule_key
+from gateway.keys import identity_token, rule_key, shard_tags, state_key
 from gateway.limiter import RuleSpec, rule_spec
 from gateway.overrides import RouteTable, overridden
 from gateway.plan import RoutePlan
@@ -62,6 +62,7 @@ class Domain:
         self.domain = domain
         self.plan = plan
         self.root = _compile(domain.descriptors)
+        self.shapes: set[tuple[tuple[str, bool, bool], ...]] = set()  # the script shapes its calls used
         self.limits = [_rate_limit(rule, name) for rule, name in zip(domain.route.limits, domain.names, strict=True)]
         shards = plan.shards
         self.whole = [rule_spec(rule) for rule in plan.rules]  # a rule's spec where it holds its whole limit
@@ -82,6 +83,17 @@ class Domain:
             rule = found.rule
             spec = rule_spec(rule) if whole else rule_spec(rule, self.plan.shards, shard)
         return Counted(rule, spec, key, self.limits[index])
+
+    def dynamic(self, found: tuple[Rule, Any], entries: list[tuple[str, str]], shard: int,
+                key_prefix: str) -> Counted:
+        """A descriptor's own limit, counted per descriptor (its keys and values) and number, in
+        the call's shard (one hash tag for the whole call)."""
+        rule, reported = found
+        parts = [part.encode() for entry in entries for part in entry]
+        parts.append(b"%d" % rule.limit)
+        tag = shard_tags(self.plan.route.name, self.plan.shards)[shard]
+        key = state_key(key_prefix, self.plan.route.name, rule.name, identity_token(parts), tag)
+        return Counted(rule, rule_spec(rule), key, reported)
 
     def limit_of(self, entries: list[tuple[str, str]]) -> RlsDescriptor | None:
         """The descriptor entry whose rule counts a descriptor of these entries (envoyproxy/ratelimit's

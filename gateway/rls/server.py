@@ -3,12 +3,20 @@
 h2 (already the HTTP/2 of httpx[http2]) does the framing, HPACK, flow control, SETTINGS, PING and
 GOAWAY; this file adds what gRPC puts on top for unary calls: the path names the method, the body is
 one length-prefixed message, the status goes in trailers. It was chosen by measurement over
-grpcio's asyncio server and grpclib (docs/benchmarks.md, "Envoy rate limit service"), which
+grpcio's asyncio server and grpclib (docs/benchmarks.md, "Behind Envoy"), which
 tests/support/rls_comparison.py runs through the same tests.
 
-Bounds: 1024 concurrent streams a connection (more is h2's REFUSED_STREAM), 16 KiB of headers, one
-message of at most MAX_MESSAGE bytes (more: RESOURCE_EXHAUSTED, nothing counted), no compression
-(a compressed message: UNIMPLEMENTED). A stream the client resets is cancelled, its call with it.
+Bounds, each with a test (tests/test_rls_server.py):
+- per worker MAX_CONNECTIONS connections (more are closed at once);
+- per connection MAX_STREAMS streams at once (more: h2's REFUSED_STREAM), 16 KiB of request
+  headers, MAX_BUFFERED bytes of bodies not yet ended (more: GOAWAY ENHANCE_YOUR_CALM), and resets
+  without a call answered beyond MAX_RESETS (the HTTP/2 rapid reset: GOAWAY ENHANCE_YOUR_CALM);
+- per call one message of at most MAX_MESSAGE bytes (more: RESOURCE_EXHAUSTED, nothing counted),
+  no compression (UNIMPLEMENTED), and BODY_TIMEOUT for its body to end (else the stream is reset);
+- a connection idle (no call in flight) for IDLE_TIMEOUT, or that has asked nothing after
+  BODY_TIMEOUT, is closed.
+A stream the client resets is cancelled, its call with it. Shutdown (`drain`): GOAWAY naming the
+last stream taken, later streams refused, the calls in flight answered, then the connection closes.
 """
 
 from __future__ import annotations
@@ -18,15 +26,18 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 from urllib.parse import quote
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from hyperframe.frame import GoAwayFrame
 
 from gateway.rls.service import (
     INVALID_ARGUMENT,
@@ -38,8 +49,13 @@ from gateway.rls.service import (
 log = logging.getLogger("gateway.rls")
 
 MAX_MESSAGE = 64 * 1024
-MAX_STREAMS = 1024
+MAX_STREAMS = 128
 MAX_HEADER_LIST = 16 * 1024
+MAX_BUFFERED = 1024 * 1024
+MAX_CONNECTIONS = 4096
+MAX_RESETS = 100          # client resets beyond twice the calls answered, and this many more
+BODY_TIMEOUT = 10.0       # seconds for a call's body to end, and for a new connection to ask something
+IDLE_TIMEOUT = 300.0      # seconds a connection may sit with no call in flight
 INTERNAL = 13
 _CONFIG = h2.config.H2Configuration(
     client_side=False, header_encoding=None,
@@ -50,17 +66,19 @@ _CONFIG = h2.config.H2Configuration(
 )
 _RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
+_SAFE = " !\"#$&'()*+,-./:;<=>?@[]^_`{|}~"  # grpc-message: all else percent-encoded
 
 Unary = Callable[[bytes], Awaitable[bytes]]
 
 
 class _Stream:
-    __slots__ = ("body", "method", "refused")
+    __slots__ = ("body", "method", "refused", "started")
 
-    def __init__(self, method: bytes) -> None:
+    def __init__(self, method: bytes, started: float) -> None:
         self.method = method
         self.body = bytearray()
         self.refused = False  # answered already (too large): the rest of its body is dropped
+        self.started = started
 
 
 class GrpcProtocol(asyncio.Protocol):
@@ -75,11 +93,20 @@ class GrpcProtocol(asyncio.Protocol):
         self.streams: dict[int, _Stream] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.pending: dict[int, bytes] = {}  # answers waiting for the client's flow-control window
-        self.closing = False
+        self.buffered = 0  # bytes of bodies not yet ended, all streams together
+        self.closing = False  # draining: no new call; closed once the calls in flight are answered
         self.flush_due = False  # answers made in this turn of the loop go out in one write
+        self.resets = 0
+        self.answered = 0
+        self.opened = self.active = time.monotonic()
+        self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+        if len(self.connections) >= MAX_CONNECTIONS:
+            log.warning("RLS: %d connections already: one more closed", len(self.connections))
+            self.transport.close()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -89,10 +116,13 @@ class GrpcProtocol(asyncio.Protocol):
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
         })
         self.conn.initiate_connection()
+        self.conn.decoder.max_header_list_size = MAX_HEADER_LIST  # h2 applies it only on a settings ACK
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
         for task in self.tasks.values():
             task.cancel()
         self.tasks.clear()
@@ -104,10 +134,11 @@ class GrpcProtocol(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.closing:
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.active = time.monotonic()
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY
@@ -124,15 +155,21 @@ class GrpcProtocol(asyncio.Protocol):
                 self._ended(event.stream_id)
             elif isinstance(event, h2.events.StreamReset):
                 self._forget(event.stream_id)
-            elif isinstance(event, h2.events.WindowUpdated):
+                self.resets += 1
+                if self.resets > MAX_RESETS + 2 * self.answered:  # the rapid reset attack (CVE-2023-44487)
+                    self._calm("too many streams reset")
+                    return
+            elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
                 self._send_pending()
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                self._flush()
-                self._close()
-                return
+            elif isinstance(event, h2.events.ConnectionTerminated):  # the client's GOAWAY: answer, then close
+                self.closing = True
         self._flush()
+        self._finish_if_drained()
 
     def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+        if self.closing:  # after our GOAWAY: refused, the client may retry it elsewhere
+            self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
         method = path = content_type = b""
         for name, value in headers:
             if name == b":path":
@@ -145,35 +182,40 @@ class GrpcProtocol(asyncio.Protocol):
                                                                               b"application/grpc;"))
         if method != b"POST" or not grpc:
             # not gRPC: HTTP's answer (the gRPC spec's 415 for a foreign content type)
-            self.conn.send_headers(stream_id, [(b":status", b"415" if method == b"POST" else b"405")],
-                                   end_stream=True)
-            self._drop(stream_id)
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.send_headers(stream_id, [(b":status", b"415" if method == b"POST" else b"405")],
+                                       end_stream=True)
             return
         if path not in self.calls and path not in self.now:
             self._error(stream_id, UNIMPLEMENTED, f"unknown method {path.decode('latin-1')[:200]}")
-            self._drop(stream_id)
             return
-        self.streams[stream_id] = _Stream(path)
+        self.streams[stream_id] = _Stream(path, time.monotonic())
         if ended:
             self._ended(stream_id)
 
     def _data(self, event: h2.events.DataReceived) -> None:
         stream_id = event.stream_id
         if event.flow_controlled_length:
-            self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
         stream = self.streams.get(stream_id)
         if stream is None or stream.refused:
             return
         stream.body += event.data
+        self.buffered += len(event.data)
         if len(stream.body) > MAX_MESSAGE + 5:
+            self.buffered -= len(stream.body)
             stream.refused = True
             stream.body = bytearray()
             self._error(stream_id, RESOURCE_EXHAUSTED, f"a message may be at most {MAX_MESSAGE} bytes")
+        elif self.buffered > MAX_BUFFERED:
+            self._calm(f"more than {MAX_BUFFERED} bytes of unfinished messages")
 
     def _ended(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
         if stream is None or stream.refused:
             return
+        self.buffered -= len(stream.body)
         body = bytes(stream.body)
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._error(stream_id, INVALID_ARGUMENT, "the body must be exactly one length-prefixed message")
@@ -207,45 +249,44 @@ class GrpcProtocol(asyncio.Protocol):
         if not self.flush_due:  # the calls of one Redis batch end in one turn: one write for them all
             self.flush_due = True
             asyncio.get_running_loop().call_soon(self._flush_later)
-        if self.closing and not self.tasks:
-            self._flush()
-            self._close()
 
     def _answer(self, stream_id: int, message: bytes) -> None:
         frame = b"\0" + len(message).to_bytes(4, "big") + message
-        try:
+        self.answered += 1
+        with contextlib.suppress(h2.exceptions.ProtocolError):  # the client reset it meanwhile
             self.conn.send_headers(stream_id, _RESPONSE_HEAD)
-            if self.conn.local_flow_control_window(stream_id) < len(frame) or self.pending:
+            if self.conn.local_flow_control_window(stream_id) < len(frame):
                 self.pending[stream_id] = frame
                 return
             self.conn.send_data(stream_id, frame)
             self.conn.send_headers(stream_id, _OK_TRAILERS, end_stream=True)
-        except h2.exceptions.StreamClosedError:
-            pass  # the client reset it meanwhile
 
     def _send_pending(self) -> None:
         for stream_id, frame in list(self.pending.items()):
             try:
                 if self.conn.local_flow_control_window(stream_id) < len(frame):
-                    return
+                    continue  # this one waits for its window; the others need not
                 self.conn.send_data(stream_id, frame)
                 self.conn.send_headers(stream_id, _OK_TRAILERS, end_stream=True)
-            except h2.exceptions.StreamClosedError:
+            except h2.exceptions.ProtocolError:
                 pass
             del self.pending[stream_id]
 
     def _error(self, stream_id: int, status: int, message: str) -> None:
         """A trailers-only answer: the status and its message (percent-encoded, gRPC's rule)."""
-        with contextlib.suppress(h2.exceptions.StreamClosedError):
+        with contextlib.suppress(h2.exceptions.ProtocolError):
             self.conn.send_headers(stream_id, [*_RESPONSE_HEAD, (b"grpc-status", str(status).encode()),
-                                               (b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[]^_`{|}~")
-                                                .encode())], end_stream=True)
+                                               (b"grpc-message", quote(message, safe=_SAFE).encode())],
+                                   end_stream=True)
 
-    def _drop(self, stream_id: int) -> None:
-        self.streams.pop(stream_id, None)
+    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.reset_stream(stream_id, code)
 
     def _forget(self, stream_id: int) -> None:
-        self.streams.pop(stream_id, None)
+        stream = self.streams.pop(stream_id, None)
+        if stream is not None and not stream.refused:
+            self.buffered -= len(stream.body)
         self.pending.pop(stream_id, None)
         task = self.tasks.pop(stream_id, None)
         if task is not None:
@@ -259,18 +300,58 @@ class GrpcProtocol(asyncio.Protocol):
     def _flush_later(self) -> None:
         self.flush_due = False
         self._flush()
+        self._finish_if_drained()
 
     def _close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
-    def drain(self) -> None:
-        """Stop taking calls (GOAWAY); close once the calls in flight are answered."""
-        self.closing = True
-        self.conn.close_connection()
+    def _calm(self, why: str) -> None:
+        """A client past a bound: GOAWAY ENHANCE_YOUR_CALM, and the connection ends."""
+        log.warning("RLS connection closed: %s", why)
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         self._flush()
-        if not self.tasks:
+        self._close()
+
+    def drain(self) -> None:
+        """Stop taking calls: GOAWAY naming the last stream taken (h2 itself stays open, so the calls
+        in flight can still be answered); close once they are."""
+        if self.closing or self.transport is None:
+            self._finish_if_drained()
+            return
+        self.closing = True
+        self._flush()
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = self.conn.highest_inbound_stream_id
+        goaway.error_code = 0
+        if not self.transport.is_closing():
+            self.transport.write(goaway.serialize())
+        self._finish_if_drained()
+
+    def _finish_if_drained(self) -> None:
+        if self.closing and not self.tasks and not self.pending and not self.streams:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.close_connection()
+            self._flush()
             self._close()
+
+    def sweep(self, now: float) -> None:
+        """The timeouts: a call's body that does not end, a connection that asks nothing."""
+        for stream_id, stream in list(self.streams.items()):
+            if now - stream.started > BODY_TIMEOUT:
+                self._forget(stream_id)
+                self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+        busy = self.tasks or self.streams or self.pending
+        if not busy and (now - self.active > IDLE_TIMEOUT or (self.answered == 0 and now - self.opened > BODY_TIMEOUT
+                                                               and now - self.active > BODY_TIMEOUT)):
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.conn.close_connection()
+            self._flush()
+            self._close()
+            return
+        self._flush()
+        self._finish_if_drained()
 
 
 class GrpcServer:
@@ -280,11 +361,20 @@ class GrpcServer:
         self.calls, self.now = calls, now
         self.connections: set[GrpcProtocol] = set()
         self.server: asyncio.Server | None = None
+        self.sweeper: asyncio.Task[None] | None = None
 
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections), sock=sock,
                                                ssl=tls)
+        self.sweeper = loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for connection in list(self.connections):
+                connection.sweep(now)
 
     async def stop(self, timeout: float) -> None:
         """Stop listening, send GOAWAY on every connection, wait up to `timeout` for the calls in flight."""
@@ -292,12 +382,10 @@ class GrpcServer:
             self.server.close()
         for connection in list(self.connections):
             connection.drain()
-        waited = 0.0
-        while self.connections and waited < timeout:
-            await asyncio.sleep(0.05)
-            waited += 0.05
+        waiting = [connection.closed for connection in self.connections]
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
         for connection in list(self.connections):
             connection._close()
-
-
-
+        if self.sweeper is not None:
+            self.sweeper.cancel()

@@ -27,11 +27,11 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from gateway import metrics
-from gateway.config import Rule
+from gateway.config import MAX_RULES, Rule
 from gateway.config.model import RlsDescriptor
 from gateway.errors import RedisUnavailable
-from gateway.keys import identity_token, shard_of, state_key
-from gateway.limiter import Decision, Outcome, RuleSpec, rule_spec
+from gateway.keys import shard_of
+from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import RouteTable
 from gateway.pipeline import count_rules
 from gateway.responses import ratelimit_headers, refusal
@@ -41,9 +41,11 @@ from gateway.runtime import Runtime
 
 # gRPC status codes (grpc/status.h)
 OK_STATUS, CANCELLED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 3, 8, 12, 14
-MAX_DESCRIPTORS = 64        # per request: the most rules one script call takes, twice over
+
+MAX_DESCRIPTORS = 64        # per request; of their limits, at most MAX_RULES distinct ones (one script call)
 MAX_ENTRIES = 16            # per descriptor: the depth a tree may have
 MAX_HITS = 1_000_000_000    # a request's or descriptor's hits_addend, as a rule's cost
+MAX_SHAPES = 256            # per domain and worker: the combinations of limit kinds (scripts) its calls may need
 UNLIMITED_REMAINING = 2**32 - 1  # what envoyproxy/ratelimit reports for an unlimited descriptor
 _UNIT_WORDS = {code: word for word, code in pb.UNIT_NAMES.items()} | {5: "month", 6: "year"}
 
@@ -62,7 +64,12 @@ class Call:
 
     A domain with `shards: N` (Redis Cluster) puts the call in the shard its first counted
     descriptor's values choose: that descriptor's rule holds its whole limit there, every other
-    rule of the call its share (keys.shard_of, shard_share), as a route's rules do."""
+    rule of the call its share (keys.shard_of, shard_share), as a route's rules do.
+
+    The rules go to the limiter in a canonical order, each as an override of its algorithm's
+    canonical spec (its numbers in ARGV): the script depends on the call's algorithms alone, never
+    on a client's numbers or order (a descriptor's own `limit` would otherwise load a script per
+    value into Redis, which keeps them)."""
 
     def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None,
                  key_prefix: str) -> None:
@@ -74,7 +81,7 @@ class Call:
         hits = request.hits_addend or 1
         if hits > MAX_HITS:
             raise GrpcError(INVALID_ARGUMENT, f"hits_addend must be at most {MAX_HITS}")
-        found: list[tuple[RlsDescriptor | None, list[tuple[str, str]], int, Counted | None]] = []
+        found: list[tuple[RlsDescriptor | None, list[tuple[str, str]], int, Any]] = []
         replaced: set[str] = set()
         for i, descriptor in enumerate(request.descriptors):
             entries = _entries(descriptor, i, identity_max)
@@ -84,15 +91,15 @@ class Call:
                 if cost > MAX_HITS:
                     raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
             if descriptor.HasField("limit"):
-                found.append((None, entries, cost, _dynamic(descriptor.limit, i, plan.route.name, key_prefix,
-                                                             entries)))
+                found.append((None, entries, cost, _dynamic_rule(descriptor.limit, i)))
                 continue
             d = domain.limit_of(entries)
             found.append((d, entries, cost, None))
             if d is not None and d.rule is not None:
                 replaced.update(d.replaces)
         names = domain.domain.names
-        counted = [d is not None and d.rule is not None and names[d.rule] not in replaced for d, _, _, _ in found]
+        counted = [dynamic is not None or (d is not None and d.rule is not None and names[d.rule] not in replaced)
+                   for d, _, _, dynamic in found]
         shard, first = 0, None
         if plan.shards > 1:
             first = next((j for j, yes in enumerate(counted) if yes), None)
@@ -101,12 +108,14 @@ class Call:
         index: dict[str, int] = {}
         for j, (d, entries, cost, dynamic) in enumerate(found):
             self.unlimited.append(d is not None and d.unlimited)
-            this = dynamic
-            if counted[j]:
+            this = None
+            if dynamic is not None:
+                this = domain.dynamic(dynamic, entries, shard, key_prefix)
+            elif counted[j]:
                 assert d is not None
                 assert d.rule is not None
-                this = domain.counted(d.rule, [value.encode() for _, value in entries], shard, j == first or
-                                      plan.shards == 1, overrides)
+                this = domain.counted(d.rule, [value.encode() for _, value in entries], shard,
+                                      j == first or plan.shards == 1, overrides)
             if this is None:
                 self.where.append(None)
                 continue
@@ -117,6 +126,31 @@ class Call:
                 self.costs.append(0)
             self.costs[at] += cost
             self.where.append(at)
+        if len(self.counted) > MAX_RULES:
+            raise GrpcError(INVALID_ARGUMENT, f"the descriptors count {len(self.counted)} different limits; one call "
+                                              f"decides at most {MAX_RULES}")
+        order = sorted(range(len(self.counted)), key=lambda k: _canonical_key(self.counted[k].spec))
+        if order != list(range(len(order))):
+            place = {old: new for new, old in enumerate(order)}
+            self.counted = [self.counted[k] for k in order]
+            self.costs = [self.costs[k] for k in order]
+            self.where = [None if at is None else place[at] for at in self.where]
+        self.shape = tuple(_canonical_key(c.spec) for c in self.counted)
+
+    @property
+    def specs(self) -> list[RuleSpec]:
+        return [c.spec._replace(base=_canonical_base(c.spec)) for c in self.counted]
+
+
+def _canonical_key(spec: RuleSpec) -> tuple[str, bool, bool]:
+    return spec.algorithm, spec.shadow, spec.algorithm == "quota" and spec.p2 == 0
+
+
+def _canonical_base(spec: RuleSpec) -> RuleSpec:
+    """The spec that shapes the script for `spec`: its algorithm's, with canonical numbers (a
+    quota keeps having a period or not: the fragments differ)."""
+    period = 0 if spec.algorithm == "quota" and spec.p2 == 0 else 1_000_000
+    return RuleSpec(spec.algorithm, 1, period, spec.shadow, spec.charge, spec.force)
 
 
 def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]]:
@@ -134,26 +168,16 @@ def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]
     return entries
 
 
-_DYNAMIC: dict[tuple[int, int], tuple[Rule, RuleSpec, Any]] = {}
-
-
-def _dynamic(limit: Any, i: int, route: str, key_prefix: str, entries: list[tuple[str, str]]) -> Counted:
+def _dynamic_rule(limit: Any, i: int) -> tuple[Rule, Any]:
     """A descriptor's own `limit` (envoyproxy/ratelimit: it replaces any configured one): a fixed
-    window of its unit, counted under the descriptor's keys and values."""
-    found = _DYNAMIC.get((limit.requests_per_unit, limit.unit))
-    if found is None:
-        seconds = CODE_SECONDS.get(limit.unit)
-        if seconds is None:
-            raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
-        rule = Rule(name=f"descriptor_limit.{_UNIT_WORDS[limit.unit]}", by=(), algorithm="fixed_window",
-                    limit=limit.requests_per_unit, window=float(seconds))
-        if len(_DYNAMIC) >= 1024:
-            _DYNAMIC.clear()
-        reported = pb.RateLimitResponse.RateLimit(requests_per_unit=limit.requests_per_unit, unit=limit.unit)
-        found = _DYNAMIC[(limit.requests_per_unit, limit.unit)] = (rule, rule_spec(rule), reported)
-    rule, spec, reported = found
-    parts = [part.encode() for entry in entries for part in entry]
-    return Counted(rule, spec, state_key(key_prefix, route, rule.name, identity_token(parts)), reported)
+    window of its unit, and the RateLimit the answer reports."""
+    seconds = CODE_SECONDS.get(limit.unit)
+    if seconds is None:
+        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
+    # the name (a metrics label) knows the unit only; the key knows the number too (Domain.dynamic)
+    rule = Rule(name=f"descriptor_limit.{_UNIT_WORDS[limit.unit]}", by=(), algorithm="fixed_window",
+                limit=limit.requests_per_unit, window=float(seconds))
+    return rule, pb.RateLimitResponse.RateLimit(requests_per_unit=limit.requests_per_unit, unit=limit.unit)
 
 
 class RateLimitService:
@@ -210,7 +234,13 @@ class RateLimitService:
         if call.counted:
             rules = [c.rule for c in call.counted]
             keys = [c.key for c in call.counted]
-            specs = [c.spec for c in call.counted]
+            specs = call.specs
+            if call.shape not in domain.shapes:
+                if len(domain.shapes) >= MAX_SHAPES:
+                    raise GrpcError(RESOURCE_EXHAUSTED, f"domain {domain.domain.name!r} has met {MAX_SHAPES} "
+                                                        "different combinations of limit kinds in its calls; this "
+                                                        "one is refused (a reload resets the count)")
+                domain.shapes.add(call.shape)
             costs: list[int | None] = list(call.costs)
             try:
                 decision, from_memory = await runtime.refusals.decide(
@@ -272,15 +302,16 @@ def _done(response: Any, result: str) -> bytes:
 
 
 def health(body: bytes, runtime: Runtime | None) -> bytes:
-    """grpc.health.v1.Health/Check: SERVING for "" and the rate limit service while the breaker is
-    closed, NOT_SERVING while Redis is unavailable; NOT_FOUND for another service."""
+    """grpc.health.v1.Health/Check: SERVING for "" and the rate limit service while every breaker
+    is closed, NOT_SERVING while one is open or probing (Redis unavailable); NOT_FOUND for another
+    service."""
     try:
         request = pb.HealthCheckRequest.FromString(body)
     except DecodeError as exc:
         raise GrpcError(INVALID_ARGUMENT, f"the message is not a HealthCheckRequest: {exc}") from None
     if request.service not in ("", SERVICE):
         raise GrpcError(5, f"unknown service {request.service[:200]!r}")
-    serving = runtime is not None and runtime.limiter.breaker_state.name != "OPEN"
+    serving = runtime is not None and runtime.limiter.breaker_state.name == "CLOSED"
     return bytes(pb.HealthCheckResponse(status=pb.SERVING if serving else pb.NOT_SERVING).SerializeToString())
 
 

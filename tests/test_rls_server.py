@@ -1,0 +1,259 @@
+"""The RLS port's HTTP/2 bounds against a hostile client (gateway/rls/server.py), driven with the h2
+library as a raw client over a socket, and the shutdown that answers the calls in flight. The
+gateway is a real process with a real Redis."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import pytest
+
+from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.ports import free_port
+from tests.support.redis_proc import RedisProcess
+from tests.support.rls_client import OK, Descriptor, RlsClient, error_of, request
+
+PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+FILE = """\
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+"""
+
+
+class Raw:
+    """One HTTP/2 client connection to the RLS port."""
+
+    def __init__(self, port: int, settings: dict[h2.settings.SettingCodes, int] | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        if settings:
+            self.conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
+        self.conn.initiate_connection()
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def call(self, body: bytes, end: bool = True, extra: list[tuple[bytes, bytes]] | None = None) -> int:
+        stream = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", PATH.encode()),
+                                        (b":authority", b"rls"), (b"content-type", b"application/grpc"),
+                                        (b"te", b"trailers"), *(extra or [])])
+        self.conn.send_data(stream, b"\0" + (len(body) if end else MAX_MESSAGE).to_bytes(4, "big") + body,
+                            end_stream=end)
+        self.flush()
+        return stream
+
+    def events(self, until: float) -> Iterator[Any]:
+        """Events as they come, until the server closes the connection or `until` passes."""
+        while time.monotonic() < until:
+            self.sock.settimeout(max(0.01, until - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                return
+            except ConnectionResetError:
+                yield "closed"
+                return
+            if not data:
+                yield "closed"
+                return
+            yield from self.conn.receive_data(data)
+            self.flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess) -> Iterator[int]:
+    tmp = tmp_path_factory.mktemp("rls-server")
+    (tmp / "d.yaml").write_text(FILE)
+    rls_port = free_port()
+    gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
+                             args=("--rls-port", str(rls_port)))
+    gateway.start()
+    try:
+        yield rls_port
+    finally:
+        assert gateway.stop() == 0
+        assert "Traceback" not in gateway.log(), gateway.log()
+
+
+def message(value: str = "v") -> bytes:
+    return bytes(request("d", [("k", value)]).SerializeToString())
+
+
+def goaway(events: Iterator[Any]) -> h2.events.ConnectionTerminated | None:
+    for event in events:
+        if isinstance(event, h2.events.ConnectionTerminated):
+            return event
+    return None
+
+
+def test_unfinished_bodies_past_the_bound_end_the_connection(port: int) -> None:
+    """Streams that never end their messages hold at most MAX_BUFFERED bytes of the worker's memory."""
+    raw = Raw(port)
+    seen: list[Any] = []
+    try:
+        def over() -> bool:
+            return "closed" in seen or any(isinstance(e, h2.events.ConnectionTerminated) for e in seen)
+
+        for _ in range(20):  # 20 streams of ~60 KiB, none ended, sent as the windows allow
+            if over():
+                break
+            stream = raw.call(b"", end=False)
+            left = MAX_MESSAGE - 6000
+            while left > 0 and not over():
+                size = min(16_000, left, raw.conn.local_flow_control_window(stream))
+                if size <= 0:
+                    seen += list(raw.events(time.monotonic() + 0.2))
+                    continue
+                raw.conn.send_data(stream, b"x" * size)
+                raw.flush()
+                left -= size
+        ended = next((e for e in seen if isinstance(e, h2.events.ConnectionTerminated)), None) or goaway(
+            raw.events(time.monotonic() + 10))
+        assert ended is not None and ended.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    finally:
+        raw.close()
+
+
+def test_rapid_resets_end_the_connection(port: int) -> None:
+    """HTTP/2 rapid reset (CVE-2023-44487): calls opened and reset at once, never answered."""
+    raw = Raw(port)
+    try:
+        for _ in range(300):
+            stream = raw.call(message())
+            raw.conn.reset_stream(stream)
+        raw.flush()
+        ended = goaway(raw.events(time.monotonic() + 10))
+        assert ended is not None and ended.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed while we were still sending: the same outcome
+    finally:
+        raw.close()
+
+
+def test_answers_wait_for_the_clients_window_then_all_come(port: int) -> None:
+    """A client that opens no window gets its answers once it does, by WINDOW_UPDATE or SETTINGS."""
+    raw = Raw(port, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    try:
+        streams = [raw.call(message(f"w{n}")) for n in range(3)]
+        deadline = time.monotonic() + 2
+        data = [e for e in raw.events(deadline) if isinstance(e, h2.events.DataReceived)]
+        assert data == []
+        raw.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        raw.flush()
+        ended: set[int] = set()
+        for event in raw.events(time.monotonic() + 10):
+            if isinstance(event, h2.events.TrailersReceived):
+                assert dict(event.headers)[b"grpc-status"] == b"0"
+                ended.add(event.stream_id)
+            if ended == set(streams):
+                break
+        assert ended == set(streams)
+    finally:
+        raw.close()
+
+
+def test_headers_past_16_kib_are_refused(port: int) -> None:
+    raw = Raw(port)
+    try:
+        raw.call(message(), extra=[(b"x-big", b"a" * 30_000)])
+        events = list(raw.events(time.monotonic() + 5))
+        assert any(isinstance(e, h2.events.ConnectionTerminated) for e in events) or "closed" in events
+        assert not any(isinstance(e, h2.events.TrailersReceived) for e in events)
+    finally:
+        raw.close()
+
+
+def test_a_body_that_never_ends_and_a_connection_that_asks_nothing_time_out(port: int) -> None:
+    asks_nothing = Raw(port)
+    stalls = Raw(port)
+    try:
+        stream = stalls.call(b"partial", end=False)
+        until = time.monotonic() + BODY_TIMEOUT + 5
+        reset = next((e for e in stalls.events(until) if isinstance(e, h2.events.StreamReset)), None)
+        assert reset is not None and reset.stream_id == stream
+        assert "closed" in list(asks_nothing.events(time.monotonic() + 5))
+    finally:
+        asks_nothing.close()
+        stalls.close()
+
+
+def test_limits_from_descriptors_load_no_script_per_number(port: int, redis_proc: RedisProcess) -> None:
+    """A descriptor's own limit and the order of descriptors never reach the script's text: Redis
+    keeps every script it loads, so one per client-chosen number would grow it without end."""
+    client = RlsClient(port)
+    info = redis_proc.client()
+    try:
+        client.ask("d", Descriptor([("k", "warm")], limit=(5, 2)), [("k", "warm")])
+        before = int(info.info("memory")["number_of_cached_scripts"])
+        for n in range(40):
+            first, second = Descriptor([("k", f"a{n}")], limit=(random.randrange(1, 10**9), 2)), [("k", f"b{n}")]
+            assert client.ask("d", *((first, second) if n % 2 else (second, first))).overall_code == OK
+        assert int(info.info("memory")["number_of_cached_scripts"]) - before == 0
+        many = [Descriptor([("k", f"m{n}")]) for n in range(33)]
+        status, details = error_of(lambda: client.ask("d", *many))
+        assert status is grpc.StatusCode.INVALID_ARGUMENT and "at most 32" in details
+    finally:
+        client.close()
+
+
+def test_shutdown_answers_the_calls_in_flight(tmp_path: Path) -> None:
+    """SIGTERM with calls waiting on Redis: GOAWAY, every call answered, then the worker exits."""
+    server = RedisProcess()
+    server.start()
+    (tmp_path / "d.yaml").write_text(FILE)
+    rls_port = free_port()
+    gateway = GatewayProcess("version: 1\nredis: {timeout: 3s}\nrls: {files: [d.yaml]}\n", tmp_path,
+                             redis_url=server.url, args=("--rls-port", str(rls_port)))
+    gateway.start()
+    client = RlsClient(rls_port)
+    try:
+        assert client.ask("d", [("k", "x")]).overall_code == OK
+        sleeper = threading.Thread(target=lambda: server.client().execute_command("DEBUG", "SLEEP", "1"))  # type: ignore[no-untyped-call]
+        sleeper.start()
+        time.sleep(0.1)  # the sleep is running: calls now wait on Redis
+        answers: list[Any] = []
+
+        def ask(n: int) -> None:
+            try:
+                answers.append(client.ask("d", [("k", f"s{n}")], timeout=10).overall_code)
+            except grpc.RpcError as exc:
+                answers.append(exc.code())
+
+        callers = [threading.Thread(target=ask, args=(n,)) for n in range(5)]
+        for caller in callers:
+            caller.start()
+        time.sleep(0.2)
+        gateway.signal(signal.SIGTERM)
+        for caller in callers:
+            caller.join(15)
+        sleeper.join(5)
+        assert answers == [OK] * 5, answers
+        assert gateway.process is not None and gateway.process.wait(15) == 0
+    finally:
+        client.close()
+        gateway.stop()
+        server.stop()
+        assert "Traceback" not in gateway.log() and "never retrieved" not in gateway.log(), gateway.log()
