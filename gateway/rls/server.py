@@ -246,7 +246,10 @@ class GrpcProtocol(asyncio.Protocol):
             self._answer(stream_id, answer)
         finally:
             self.tasks.pop(stream_id, None)
-        if not self.flush_due:  # the calls of one Redis batch end in one turn: one write for them all
+        if not self.tasks:  # the last call in flight: its answer goes now
+            self._flush()
+            self._finish_if_drained()
+        elif not self.flush_due:  # the calls of one Redis batch end in one turn: one write for them all
             self.flush_due = True
             asyncio.get_running_loop().call_soon(self._flush_later)
 
