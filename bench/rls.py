@@ -59,6 +59,12 @@ rls:
           limit: {name: ip, algorithm: sliding_window, limit: 1000000000, window: 1s}
         - key: global
           limit: {name: global, algorithm: gcra, rate: 1000000/s, burst: 1000000}
+    site:                    # the atomicity case: a per-user 3/min beside a per-site 5/min
+      descriptors:
+        - key: user
+          limit: {name: user, algorithm: fixed_window, limit: 3, window: 1m}
+        - key: site
+          limit: {name: site, algorithm: fixed_window, limit: 5, window: 1m}
 """
 
 
@@ -215,6 +221,7 @@ def decision_runs(procs: run.Processes, tmp: Path, duration: float) -> dict[str,
                                             "errors": checked["error_statuses"]}
     assert gateway.metrics_url is not None
     outcomes["rls"] = rls_results(gateway.metrics_url)
+    atomicity = atomicity_case(rls_port)
     procs.stop(gateway.process)
     rls_port = run.free_port()
     grpclib = start_gateway(procs, tmp, "gateway-grpclib", upstream_port, redis_port, rls_port, None,
@@ -225,7 +232,22 @@ def decision_runs(procs: run.Processes, tmp: Path, duration: float) -> dict[str,
     assert grpclib.metrics_url is not None
     outcomes["rls-grpclib"] = rls_results(grpclib.metrics_url)
     procs.stop(grpclib.process)
-    return {"rows": rows, "outcomes": outcomes, "upstream_port": upstream_port, "redis_port": redis_port}
+    return {"rows": rows, "outcomes": outcomes, "atomicity": atomicity, "upstream_port": upstream_port,
+            "redis_port": redis_port}
+
+
+def atomicity_case(port: int) -> dict[str, int]:
+    """User A sends 5 on (user 3/min, site 5/min); how many of 3 does user B then get?"""
+    from tests.support.rls_client import OK, RlsClient
+
+    client = RlsClient(port)
+    try:
+        site = f"bench-{time.time_ns()}"
+        a = sum(client.ask("site", [("user", "A")], [("site", site)]).overall_code == OK for _ in range(5))
+        b = sum(client.ask("site", [("user", "B")], [("site", site)]).overall_code == OK for _ in range(3))
+    finally:
+        client.close()
+    return {"a_admitted": a, "b_admitted": b}
 
 
 # --- 3. through Envoy ---------------------------------------------------------------------------------
@@ -354,6 +376,10 @@ def table(report: dict[str, Any]) -> list[str]:
     lines += ["", f"RLS decisions per core / the check port's: **{ratio(report['decisions'], '1')}** at 1 call, "
               f"**{ratio(report['decisions'], '50')}** at 50 (the bar: at least {TARGET_DECISIONS_PER_CORE}). "
               f"Calls by result: {outcomes}.",
+              "", f"The atomicity case (per-user 3/min beside per-site 5/min): user A sends 5, "
+              f"{report['decisions']['atomicity']['a_admitted']} pass; user B then gets "
+              f"**{report['decisions']['atomicity']['b_admitted']}** of 3 (all or nothing: 2; "
+              "envoyproxy/ratelimit, which counts A's refused calls on the site too: 0).",
               "", "**Through Envoy** (wrk -t2 -c50, the same upstream):", "",
               "| | requests/s | p50 | error statuses |", "| --- | ---: | ---: | ---: |"]
     for label, row in report["envoy"].items():
