@@ -243,8 +243,8 @@ def atomicity_case(port: int) -> dict[str, int]:
     client = RlsClient(port)
     try:
         site = f"bench-{time.time_ns()}"
-        a = sum(client.ask("site", [("user", "A")], [("site", site)]).overall_code == OK for _ in range(5))
-        b = sum(client.ask("site", [("user", "B")], [("site", site)]).overall_code == OK for _ in range(3))
+        a = sum(client.ask("site", [("user", "A" + site)], [("site", site)]).overall_code == OK for _ in range(5))
+        b = sum(client.ask("site", [("user", "B" + site)], [("site", site)]).overall_code == OK for _ in range(3))
     finally:
         client.close()
     return {"a_admitted": a, "b_admitted": b}
