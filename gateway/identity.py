@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -206,9 +207,12 @@ class RequestView:
 
     def query(self, name: bytes) -> bytes | None:
         if self._query is None:
+            # as Starlette, FastAPI and aiohttp read them: percent-escapes as UTF-8, an invalid
+            # sequence as U+FFFD (two invalid values are one key, as they are one value upstream)
             pairs = parse_qsl(self.request.query.decode("latin-1"), keep_blank_values=True)
             self._query = _Pairs("query parameter", (
-                (k.encode("latin-1", "replace"), v.encode("latin-1", "replace").strip(b" \t")) for k, v in pairs
+                (k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape").strip(b" \t"))
+                for k, v in pairs
             ), b";")
         return self._query.get(name)
 
@@ -285,11 +289,17 @@ def body_identity(prefix: bytes, more: bool, limit: int) -> bytes:
     return digest.hexdigest().encode()
 
 
+_ESCAPE = re.compile(rb"\\(?:([0-3][0-7][0-7])|(.))", re.DOTALL)
+
+
 def _cookie_value(raw: bytes) -> bytes:
-    """A cookie value as frameworks hand it to the application: unquoted, percent-decoded, trimmed."""
+    """A cookie value as frameworks hand it to the application, every reader's decoding applied
+    (a value two readers would decode apart is one key, never two): a quoted value unquoted with
+    its backslash escapes decoded (\\c, and \\ooo octal: Python's http.cookies, which Starlette,
+    aiohttp and Django use), then percent-escapes (Express, PHP), then trimmed."""
     value = raw.strip()
     if len(value) >= 2 and value[:1] == b'"' and value[-1:] == b'"':
-        value = value[1:-1]
+        value = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]) if m.group(1) else m.group(2), value[1:-1])
     if b"%" in value:
         value = unquote_to_bytes(value)
     return value.strip(b" \t")

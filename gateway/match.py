@@ -22,11 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.config import PARAM, Route
+from gateway.errors import BadRequest
 
-_PATTERNS = {None: "[^/]+", "str": "[^/]+", "int": "[0-9]+", "path": ".*"}
+# `int` takes every segment with a digit in it (any script's: Python's int() reads fullwidth digits), so a
+# spelling some upstream reads as a number (042, +42, 42.0, 4_2, ' 42') is this route's, never the
+# next one's; Router.match then keeps plain ASCII digits only, as the number they are (42 for 042)
+_PATTERNS = {None: "[^/]+", "str": "[^/]+", "int": r"[^/]*\d[^/]*", "path": ".*"}
+_DIGITS = re.compile(r"[0-9]{1,64}\Z")
 
 
-def compile_template(template: str) -> re.Pattern[str]:
+def compile_template(template: str, case_insensitive: bool = False) -> re.Pattern[str]:
     if len(template) > 1 and template.endswith("/"):
         template = template[:-1]
     out, last = [], 0
@@ -39,7 +44,11 @@ def compile_template(template: str) -> re.Pattern[str]:
     # \Z, not $ (which also matches before a final newline), and DOTALL so that `path` takes any
     # character: a template matches the whole path or nothing (read_request refuses encoded
     # control characters anyway; the middleware's app may see what another server decoded)
-    return re.compile("^" + "".join(out) + slash + r"\Z", re.DOTALL)
+    return re.compile("^" + "".join(out) + slash + r"\Z", re.DOTALL | (re.IGNORECASE if case_insensitive else 0))
+
+
+def int_params(template: str) -> tuple[str, ...]:
+    return tuple(m.group(1) for m in PARAM.finditer(template) if m.group(2) == "int")
 
 
 @dataclass(frozen=True)
@@ -48,12 +57,14 @@ class CompiledRoute:
     pattern: re.Pattern[str]
     methods: frozenset[str] | None
     host: str | None
+    numbers: tuple[str, ...] = ()  # its {name:int} parameters
 
 
 class Router:
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = tuple(
-            CompiledRoute(r, compile_template(r.path), r.methods, r.host) for r in routes
+            CompiledRoute(r, compile_template(r.path, r.path_case == "insensitive"), r.methods, r.host,
+                          int_params(r.path)) for r in routes
         )
         self.conditional = any(r.when for r in routes)  # some route asks who is asking
 
@@ -73,7 +84,10 @@ class Router:
             if found is not None:
                 if meets is not None and compiled.route.when and not meets(compiled.route):
                     continue
-                return compiled.route, found.groupdict()
+                params = found.groupdict()
+                for name in compiled.numbers:
+                    params[name] = _number(name, params[name])
+                return compiled.route, params
         return None
 
     def may_match(self, path: str) -> bool:
@@ -90,3 +104,12 @@ class Router:
             if compiled.pattern.match(path) is not None:
                 allowed |= compiled.methods
         return frozenset(allowed)
+
+
+def _number(name: str, text: str) -> str:
+    """An {name:int} parameter as the number it is: plain ASCII digits, leading zeros dropped.
+    Raises BadRequest for any other spelling of a number (readers disagree on those)."""
+    if _DIGITS.match(text) is None:
+        raise BadRequest(f"path parameter {name} must be written in plain decimal digits (0-9), "
+                         f"not {text[:40]!r}")
+    return str(int(text))

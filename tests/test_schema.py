@@ -185,6 +185,7 @@ ENUMS = [
     (("routes", 0, "limits", 0, "on_missing"), Place.RULE),
     (("jwt", "algorithms"), Place.JWT),
     (("check", "convention"), Place.CHECK),
+    (("routes", 0, "match", "path_case"), Place.MATCH),
 ]
 
 

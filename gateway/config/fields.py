@@ -285,6 +285,10 @@ FIELDS: tuple[Field, ...] = (
 
     _f(MATCH, "path", Template(), "Path template: /items/{id}, /{rest:path}; "
        "{name:int} and {name:str} too.", required=""),
+    _f(MATCH, "path_case", Choice(("sensitive", "insensitive")), "How the path template's letters match: "
+       "`sensitive`, as RFC 3986, nginx and Envoy do; `insensitive` for an upstream that routes so (ASP.NET, "
+       "Express by default), or /SECKILL/1 would pass this route by to a later one (docs/security.md).",
+       default="sensitive"),
     _f(MATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
        "Methods the route owns (any other is a 405); absent: every method.", default=None),
     _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),

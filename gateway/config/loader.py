@@ -520,7 +520,7 @@ def _route(
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
     values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
-    path, methods, host, when = _match(found.nodes["match"], f"{key}.match", r, jwt)
+    path, methods, host, when, path_case = _match(found.nodes["match"], f"{key}.match", r, jwt)
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
     if upstream is None and upstream_name is not None:
@@ -535,14 +535,14 @@ def _route(
     if name is None or (upstream is None and r.proxy):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
-                 when=when, **values)
+                 when=when, path_case=path_case, **values)
 
 
 def _match(node: yaml.Node, key: str, r: _Reader,
-           jwt: JwtSettings) -> tuple[str, frozenset[str] | None, str | None, Conditions]:
+           jwt: JwtSettings) -> tuple[str, frozenset[str] | None, str | None, Conditions, str]:
     found = r.section(node, key, Place.MATCH)
     if found is None:
-        return "/", None, None, Conditions()
+        return "/", None, None, Conditions(), "sensitive"
     values = r.read(found, key, Place.MATCH)
     methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
     headers: list[tuple[bytes, frozenset[bytes] | None]] = []
@@ -557,7 +557,8 @@ def _match(node: yaml.Node, key: str, r: _Reader,
         r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
                                                     "with a key to verify tokens")
     when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())))
-    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when
+    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when, values.get(
+        "path_case", "sensitive")
 
 
 def _conditions(found: Found, place: str, key: str, r: _Reader,

@@ -151,6 +151,7 @@ class Route:
     websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
     websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
     when: Conditions = Conditions()            # match: headers, jwt, client
+    path_case: str = default(P.MATCH, "path_case")  # "insensitive": the template matches in any case
 
     @property
     def split(self) -> tuple[bool, ...]:
