@@ -166,6 +166,9 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
         out["cost_default"] = rule.cost
     if rule.cost_response_header:
         out["cost"] = f"response_header:{rule.cost_response_header}"
+    if rule.settle_field:  # a token budget
+        out["cost"] = {"reserve": "request_json:" + ".".join(rule.reserve_field) if rule.reserve_field else rule.cost,
+                       "default": rule.cost, "settle": "response_json:" + ".".join(rule.settle_field)}
     for name in ("count_on", "refund_on"):
         if getattr(rule, name):
             out[name] = sorted(getattr(rule, name))

@@ -18,6 +18,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from gateway.usage import AnswerUsage
+
 if TYPE_CHECKING:
     from gateway.leases import Lease, Leases
     from gateway.outcome import Admit
@@ -28,7 +30,7 @@ UNANSWERED = 499  # nginx's status for a client that left before its answer
 
 
 class Admitted:
-    __slots__ = ("_lease", "_leases", "_settlement", "_settler", "delay_ms", "status")
+    __slots__ = ("_declared", "_lease", "_leases", "_settlement", "_settler", "delay_ms", "status", "usage")
 
     def __init__(self, runtime: Runtime, admit: Admit) -> None:
         self._lease: Lease | None = admit.lease
@@ -37,6 +39,9 @@ class Admitted:
         self._settler: Settler | None = runtime.settler if admit.settlement is not None else None
         self.delay_ms = admit.delay_ms
         self.status = UNANSWERED  # what the request is settled with when nothing else is said
+        # token budgets settle when the answer's body has ended, by what it said it used
+        self.usage = AnswerUsage(admit.plan.usage_paths) if admit.settlement and admit.plan.usage_paths else None
+        self._declared: Mapping[str, str] | None = None
 
     @property
     def settles(self) -> bool:
@@ -54,9 +59,14 @@ class Admitted:
                 raise
         return self
 
-    def answered(self, status: int, declared: Mapping[str, str] | None) -> None:
-        """The answer's head: what depends on it is charged or refunded now, before its body."""
+    def answered(self, status: int, declared: Mapping[str, str] | None, content_type: str | None = None) -> None:
+        """The answer's head: what depends on it is charged or refunded now, before its body (with
+        a token budget, once the body has ended: `usage` reads it as it goes by)."""
         self.status = status
+        if self.usage is not None:
+            self._declared = declared
+            self.usage.head(content_type if content_type is not None else (declared or {}).get("content-type", ""))
+            return
         if self._settler is not None and self._settlement is not None:
             self._settler.settle(self._settlement, status, declared)
 
@@ -64,7 +74,8 @@ class Admitted:
         self._end()
 
     def _end(self) -> None:
-        if self._settler is not None and self._settlement is not None:
-            self._settler.settle(self._settlement, self.status, None)  # once: a no-op when the head settled it
+        if self._settler is not None and self._settlement is not None:  # once: a no-op when the head settled it
+            self._settler.settle(self._settlement, self.status, self._declared,
+                                 self.usage.used if self.usage is not None else None)
         if self._leases is not None and self._lease is not None:
             self._leases.release(self._lease)

@@ -28,6 +28,7 @@ from gateway.request_id import new_request_id, request_id_for
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
 from gateway.tunnel import switcher, upgrade_acceptor
+from gateway.usage import AnswerUsage
 
 Reply = tuple[int, Headers, bytes]
 
@@ -108,11 +109,12 @@ async def _forward(after: Admitted, admit: Admit, receive: Receive, send: Send, 
         return withheld
 
     # no head coming (the gateway's own 502, 504, 408, or the client gone): `after` settles the status
-    return await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched)
+    return await _forward_as_is(admit, receive, send, request_id, body_timeout, on_head, switched, after.usage)
 
 
 async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id: bytes, body_timeout: float,
-                         on_head: HeadHook | None, switched: Switched | None = None) -> int:
+                         on_head: HeadHook | None, switched: Switched | None = None,
+                         usage: AnswerUsage | None = None) -> int:
     client = admit.plan.client
     assert client is not None, "a proxied route has an upstream"
     body = None
@@ -122,7 +124,8 @@ async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id:
     name = client.upstream.name
     started = time.perf_counter()
     try:
-        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched)
+        forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched,
+                                         usage)
     except UpstreamTimeout as exc:
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)

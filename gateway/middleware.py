@@ -284,15 +284,22 @@ async def _refuse_websocket(scope: Scope, receive: Receive, send: Send, answer: 
 def _settling(send: Send, after: Admitted, withheld: frozenset[bytes]) -> Send:
     """Charges and refunds as the app's answer starts (counting by the answer), the fields that
     declare a cost withheld from the client."""
+    usage = after.usage
+
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             fields = [(name.lower(), value) for name, value in message.get("headers", ())]
             declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
-            after.answered(message["status"], declared)
+            content_type = next((value.decode("latin-1") for name, value in fields if name == b"content-type"), "")
+            after.answered(message["status"], declared, content_type)
             if declared:
                 kept = [field for field in message.get("headers", ()) if field[0].lower() not in withheld]
                 message = {**message, "headers": kept}
         await send(message)
+        if usage is not None and message["type"] == "http.response.body":  # a token budget reads the body
+            usage.feed(message.get("body", b""))
+            if not message.get("more_body", False):
+                usage.end(True)
 
     return sending
 

@@ -34,6 +34,8 @@ class RoutePlan:
     shard_settle_args: tuple[tuple[RuleSpec, ...], ...] = ()
     withheld: frozenset[bytes] = frozenset()
     holds_slots: bool = False  # concurrency rules: a request holds its slots while in flight (gateway/leases.py)
+    # token budgets: the answer's JSON paths their settlement reads (gateway/usage.py)
+    usage_paths: tuple[tuple[str, ...], ...] = ()
 
     @property
     def settles(self) -> bool:
@@ -66,13 +68,16 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         rules=route.limits,
         args=shard_args[0],
         prefix_keys=shard_prefix_keys[0],
-        needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by),
+        needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by) or any(
+            rule.reserve_field for rule in route.limits),
         client=client,
         shard_args=tuple(shard_args),
         shard_prefix_keys=shard_prefix_keys,
-        repeatable=not any(s.kind in ("body", "jwt") for rule in route.limits for s in rule.by),
+        repeatable=not any(s.kind in ("body", "jwt") for rule in route.limits for s in rule.by) and not any(
+            rule.reserve_field for rule in route.limits),
         shard_settle_args=tuple(tuple(spec.settling() for spec in specs) for specs in shard_args)
         if any(rule.settles for rule in route.limits) else (),
         withheld=frozenset(rule.cost_response_header.encode() for rule in route.limits if rule.cost_response_header),
         holds_slots=any(rule.algorithm == "concurrency" for rule in route.limits),
+        usage_paths=tuple(dict.fromkeys(rule.settle_field for rule in route.limits if rule.settle_field)),
     )

@@ -33,6 +33,7 @@ from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import HOP_BY_HOP, Request
 from gateway.http.transport import LeanTransport, tls_context
+from gateway.usage import AnswerUsage
 
 Headers = list[tuple[bytes, bytes]]
 Switched = Callable[[Headers, Any], Awaitable[None]]  # (the 101's headers, its network stream)
@@ -101,6 +102,7 @@ class UpstreamClient:
         request_id: bytes,
         on_head: HeadHook | None = None,
         switched: Switched | None = None,
+        usage: AnswerUsage | None = None,
     ) -> Forwarded:
         """Forward and stream the response to `send`. `on_head`, when given, sees the answer's status
         and fields as they arrive and returns the names of fields not to pass on to the client.
@@ -151,7 +153,11 @@ class UpstreamClient:
         start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
-            await send({"type": "http.response.body", "body": b"".join(stream), "more_body": False})
+            whole = b"".join(stream)
+            await send({"type": "http.response.body", "body": whole, "more_body": False})
+            if usage is not None:
+                usage.feed(whole)
+                usage.end(True)
             return Forwarded(status, aborted=False)
         try:
             assert isinstance(stream, httpx.AsyncByteStream)
@@ -160,9 +166,15 @@ class UpstreamClient:
                 async for chunk in stream:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        if usage is not None:  # read after the client has it: the stream never waits on it
+                            usage.feed(chunk)
             except httpx.TransportError:
+                if usage is not None:
+                    usage.end(False)
                 return Forwarded(status, aborted=True)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if usage is not None:
+                usage.end(True)
             return Forwarded(status, aborted=False)
         finally:
             await response.aclose()

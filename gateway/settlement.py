@@ -62,22 +62,28 @@ class Settlement:
                 deadlines.append(NEVER)
                 continue
             state = next(states)
-            if rule.refund_on and _windowed(rule.algorithm, rule.window) and state.reset_ms >= 0:
+            if (rule.refund_on or rule.settle_field) and _windowed(rule.algorithm, rule.window) and state.reset_ms >= 0:
                 reset = state.reset_ms / 1000
                 deadlines.append(now + reset - reset * CLOCK_RATE - margin)
             else:
                 deadlines.append(NEVER)
         self.deadlines = deadlines
 
-    def owed(self, status: int, declared: Mapping[str, str] | None) -> list[int | None] | None:
+    def owed(self, status: int, declared: Mapping[str, str] | None,
+             usage: Mapping[tuple[str, ...], int] | None = None) -> list[int | None] | None:
         """Per rule of the route: units to charge (> 0), to give back (< 0), or None; None when
-        the answer changes nothing. `declared`: the answer's fields (None: the gateway's own)."""
+        the answer changes nothing. `declared`: the answer's fields (None: the gateway's own);
+        `usage`: what a whole answer said it used, by path (token budgets; absent: the reserve stands)."""
         out: list[int | None] = []
         now = time.monotonic()
         for rule, cost, deadline in zip(self.plan.rules, self.charged, self.deadlines, strict=True):
             amount: int | None = None
             if cost is None:
                 pass
+            elif rule.settle_field is not None and usage and rule.settle_field in usage:
+                amount = min(usage[rule.settle_field], rule.capacity) - cost  # up, or down while it lands
+                if amount < 0 and now >= deadline:
+                    amount = None
             elif rule.charged_after:
                 if not rule.count_on or status in rule.count_on:
                     amount = _declared(declared, rule.cost_response_header) if rule.cost_response_header else cost
@@ -111,12 +117,13 @@ class Settler:
         self.refusals = refusals
         self.pending: set[asyncio.Task[None]] = set()
 
-    def settle(self, settlement: Settlement, status: int, declared: Mapping[str, str] | None) -> None:
+    def settle(self, settlement: Settlement, status: int, declared: Mapping[str, str] | None,
+               usage: Mapping[tuple[str, ...], int] | None = None) -> None:
         """Charge and refund what the answer says, once per request; never waits."""
         if settlement.settled:
             return
         settlement.settled = True
-        owed = settlement.owed(status, declared)
+        owed = settlement.owed(status, declared, usage)
         if owed is None:
             return
         task = asyncio.get_running_loop().create_task(self._send(settlement, owed))

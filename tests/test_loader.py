@@ -78,8 +78,11 @@ def test_oversized_and_binary_files_are_refused(tmp_path: Path) -> None:
 def test_repository_routes_yaml_loads_into_the_expected_objects() -> None:
     config = load_config(REPO / "routes.yaml", env={})
     assert config.redis.url == "" and config.redis.timeout == 0.05 and config.redis.key_prefix == "rlgw"
-    assert [r.name for r in config.routes] == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
-    seckill, login, notifications, internal, pro, api = config.routes
+    assert [r.name for r in config.routes] == ["seckill", "login", "notifications", "chat", "internal", "api-pro",
+                                               "api"]
+    seckill, login, notifications, chat, internal, pro, api = config.routes
+    assert [(r.reserve_field, r.cost, r.settle_field) for r in chat.limits] == [
+        (("max_tokens",), 200, ("usage", "total_tokens"))] * 2
     assert login.limits[0].count_on == frozenset({401}) and login.limits[0].charged_after
     assert notifications.websocket and not seckill.websocket and not api.websocket
     assert notifications.websocket_idle_timeout == 600.0 and api.websocket_idle_timeout == 3600.0

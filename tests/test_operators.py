@@ -266,7 +266,9 @@ def test_get_limits_lists_every_route_and_rule_with_its_parameters(example: Gate
     listing = httpx.get(example.admin_url + "/limits")
     assert listing.status_code == 200
     routes = {r["name"]: r for r in listing.json()["routes"]}
-    assert list(routes) == ["seckill", "login", "notifications", "internal", "api-pro", "api"]
+    assert list(routes) == ["seckill", "login", "notifications", "chat", "internal", "api-pro", "api"]
+    assert routes["chat"]["rules"][0]["cost"] == {"reserve": "request_json:max_tokens", "default": 200,
+                                                  "settle": "response_json:usage.total_tokens"}
     seckill = routes["seckill"]
     assert seckill["match"] == {"path": "/seckill/{item_id}", "methods": ["POST"], "host": None}
     assert seckill["failure_mode"] == "closed" and seckill["upstream"] == "shop"
@@ -445,3 +447,20 @@ def test_another_method_on_an_owned_path_needs_a_route_that_names_it() -> None:
     assert router.allowed_methods("shop", "/seckill/42") == {"OPTIONS", "POST"}
     other = router.match("GET", "shop", "/products")
     assert other is not None and other[0].name == "api"
+
+
+def test_the_example_backend_answers_like_an_llm_api_and_the_budget_is_spent() -> None:
+    """`make run`'s example: the chat route's budgets spend what the example backend's usage says."""
+    import asyncio
+
+    from gateway.example_backend import app
+
+    async def ask(stream: bool) -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://example") as client:
+            return await client.post("/v1/chat/completions", json={"max_tokens": 3, "stream": stream})
+
+    plain = asyncio.run(ask(False))
+    assert plain.json()["usage"] == {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+    streamed = asyncio.run(ask(True))
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert '"total_tokens": 15' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")

@@ -318,7 +318,11 @@ FIELDS: tuple[Field, ...] = (
        shown="60s"),
     _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
        "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
-       "header is removed before the client sees it).", default=1),
+       "header is removed before the client sees it); or a token budget's `{reserve: request_json:FIELD, "
+       "default: N, settle: response_json:PATH}`: FIELD of the request's JSON body (else N) is charged at "
+       "admission, and the difference to PATH of the answer's JSON, or of the last Server-Sent Event that "
+       "carries it, is charged or given back when the answer ends (docs/algorithms.md, token budgets).",
+       default=1),
     _f(RULE, "count_on", ListOf(Status()), "Charge only answers with these statuses or classes ([401, 403], "
        "[5xx]), when the answer comes; the rule refuses once its budget is spent.", default=()),
     _f(RULE, "refund_on", ListOf(Status()), "Give back the units charged at admission when the answer has one "

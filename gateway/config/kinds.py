@@ -340,12 +340,19 @@ class Cost(Kind):
     high: int
 
     def describe(self) -> str:
-        return "integer, header:NAME or response_header:NAME"
+        return "integer, header:NAME, response_header:NAME or {reserve, default, settle}"
 
     def schema(self) -> Schema:
+        json_path = r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$"
         return {"anyOf": [
             {"type": "integer", "minimum": 1, "maximum": self.high},
             {"type": "string", "pattern": r"^(response_)?header:\s*[A-Za-z0-9-]{1,64}\s*$"},
+            {"type": "object", "additionalProperties": False, "required": ["settle"], "properties": {
+                "reserve": {"anyOf": [{"type": "string", "pattern": "^request_json:" + json_path[1:]},
+                                      {"type": "integer", "minimum": 0, "maximum": self.high}]},
+                "default": {"type": "integer", "minimum": 0, "maximum": self.high},
+                "settle": {"type": "string", "pattern": "^response_json:" + json_path[1:]},
+            }},
             ENV,
         ]}
 

@@ -722,6 +722,8 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     if rule.cost > rule.capacity:
         message = f"cost {rule.cost} can never fit: the rule holds at most {rule.capacity}"
         r.problem(found.nodes.get("cost"), f"{key}.cost", message)
+    if rule.settle_field is not None:
+        _check_token_budget(rule, found, key, r)
     _check_settling(rule, found, key, r)
     return rule
 
@@ -756,8 +758,26 @@ def _check_settling(rule: Rule, found: Found, key: str, r: _Reader) -> None:
         r.problem(node, f"{key}.refund_on", f"a {rule.algorithm} cannot give units back: it {why}")
 
 
+_JSON_PATH = re.compile(r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$")
+
+
+def _check_token_budget(rule: Rule, found: Found, key: str, r: _Reader) -> None:
+    """A token budget charges at admission and settles the difference, up or down, at the end."""
+    allowed = (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW, Algorithm.QUOTA, Algorithm.TOKEN_BUCKET,
+               Algorithm.GCRA)
+    if rule.algorithm not in allowed:
+        r.problem(found.nodes["cost"], f"{key}.cost", f"a token budget settles up and down after the answer; "
+                  f"{rule.algorithm} cannot (use one of {', '.join(allowed)})")
+    if rule.count_on:
+        r.problem(found.nodes["count_on"], f"{key}.count_on", "a token budget is charged at admission; count_on "
+                  "charges after the answer")
+
+
 def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
-    """{"cost": N} or {"cost_header": NAME}; nothing when refused (the rule's other checks still run)."""
+    """{"cost": N} or {"cost_header": NAME}, or a token budget's fields; nothing when refused (the
+    rule's other checks still run)."""
+    if isinstance(node, yaml.MappingNode):
+        return _token_cost(node, key, r)
     text = r.text(node, key)
     if text is None:
         return {}
@@ -781,6 +801,45 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
         r.problem(node, key, f"{text!r} must be a whole number >= 1, header:NAME or response_header:NAME")
         return {}
     return {"cost": cost}
+
+
+def _token_cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
+    """`cost: {reserve: request_json:FIELD | N, default: N, settle: response_json:PATH}`."""
+    nodes = r.mapping(node, key, ("reserve", "default", "settle"))
+    if nodes is None:
+        return {}
+    out: dict[str, Any] = {}
+    if "settle" not in nodes:
+        r.problem(node, f"{key}.settle", "is required: response_json:PATH, where the answer says what was used")
+    else:
+        text = r.text(nodes["settle"], f"{key}.settle") or ""
+        path = text.removeprefix("response_json:").strip()
+        if not text.startswith("response_json:") or not _JSON_PATH.match(path):
+            r.problem(nodes["settle"], f"{key}.settle", f"{text!r} must be response_json:PATH (a dotted path of "
+                                                        "names: usage.total_tokens)")
+        else:
+            out["settle_field"] = tuple(path.split("."))
+    fallback = 1
+    if "default" in nodes:
+        text = r.text(nodes["default"], f"{key}.default") or ""
+        if not (text.isascii() and text.isdigit()) or not 0 <= int(text) <= MAX_COST:
+            r.problem(nodes["default"], f"{key}.default", f"{text!r} must be a whole number from 0 to {MAX_COST}")
+        else:
+            fallback = int(text)
+    out["cost"] = fallback
+    if "reserve" in nodes:
+        text = r.text(nodes["reserve"], f"{key}.reserve") or ""
+        if text.isascii() and text.isdigit():
+            out["cost"] = int(text)
+            if "default" in nodes:
+                r.problem(nodes["default"], f"{key}.default", "a fixed reserve needs no default")
+        else:
+            path = text.removeprefix("request_json:").strip()
+            if not text.startswith("request_json:") or not _JSON_PATH.match(path):
+                r.problem(nodes["reserve"], f"{key}.reserve", f"{text!r} must be request_json:FIELD or a number")
+            else:
+                out["reserve_field"] = tuple(path.split("."))
+    return out
 
 
 def _source(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Source | None:

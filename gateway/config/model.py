@@ -68,6 +68,8 @@ class Rule:
     count_on: frozenset[int] = frozenset()         # charged after the answer, only for these statuses
     refund_on: frozenset[int] = frozenset()        # units charged at admission given back on these
     lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
+    reserve_field: tuple[str, ...] | None = None   # a token budget: charged at admission from this request JSON path
+    settle_field: tuple[str, ...] | None = None    # ... settled to this path of the answer's JSON or SSE
     max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
 
     def __post_init__(self) -> None:
@@ -87,7 +89,7 @@ class Rule:
             keys.append("count_on")
         if self.refund_on:
             keys.append("refund_on")
-        if self.cost_response_header is not None:
+        if self.cost_response_header is not None or self.settle_field is not None:
             keys.append("cost")
         if self.algorithm == Algorithm.CONCURRENCY:
             keys.append("algorithm")
@@ -98,7 +100,7 @@ class Rule:
     @property
     def settles(self) -> bool:
         """Whether the answer may change what this rule counts."""
-        return self.charged_after or bool(self.refund_on)
+        return self.charged_after or bool(self.refund_on) or self.settle_field is not None
 
     @property
     def capacity(self) -> int:
