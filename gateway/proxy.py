@@ -162,12 +162,13 @@ class UpstreamClient:
         try:
             assert isinstance(stream, httpx.AsyncByteStream)
             await send(start)
+            feed = usage.feed if usage is not None else None  # the token budget's reader, after the head
             try:
                 async for chunk in stream:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                        if usage is not None:  # read after the client has it: the stream never waits on it
-                            usage.feed(chunk)
+                        if feed is not None:  # read after the client has it: the stream never waits on it
+                            feed(chunk)
             except httpx.TransportError:
                 if usage is not None:
                     usage.end(False)
