@@ -22,7 +22,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def test_check_accepts_the_repository_routes() -> None:
     result = run("check", "routes.yaml")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "routes.yaml: ok (6 routes, 12 rules, 1 upstream)"
+    assert result.stdout.strip() == "routes.yaml: ok (7 routes, 14 rules, 1 upstream)"
 
 
 def test_check_lists_every_error_with_file_line_and_key(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_check_without_a_path_reads_what_serve_would(tmp_path: Path) -> None:
     here = subprocess.run([sys.executable, "-m", "gateway", "check"], capture_output=True, text=True, timeout=60,
                           cwd=REPO, env=env)
     assert here.returncode == 0, here.stderr
-    assert here.stdout.strip() == "routes.yaml: ok (6 routes, 12 rules, 1 upstream)"
+    assert here.stdout.strip() == "routes.yaml: ok (7 routes, 14 rules, 1 upstream)"
     one = tmp_path / "one.yaml"
     one.write_text("version: 1\nupstreams: {a: {url: 'http://x:1'}, b: {url: 'http://y:1'}}\nroutes:\n"
                    "  - {name: r, match: {path: /r}, upstream: a,\n"

@@ -50,6 +50,11 @@ routes:
     match: {{path: "/chat/{{room}}"}}
     limits:
       - {{name: room, by: ["path:room"], algorithm: fixed_window, limit: 2, window: 1h}}
+  - name: llm
+    match: {{path: /v1/completions, methods: [POST]}}
+    limits:
+      - {{name: tokens, by: ["header:X-User"], algorithm: fixed_window, limit: 1000, window: 1h,
+         cost: {{reserve: "request_json:max_tokens", default: 10, settle: "response_json:usage.total_tokens"}}}}
   - name: open
     match: {{path: "/open"}}
     limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
@@ -260,3 +265,24 @@ def test_a_websocket_holds_its_concurrency_slot_until_it_closes(tmp_path: Path, 
                     time.sleep(0.05)
     finally:
         assert "Traceback" not in app.stop()
+
+
+def test_a_token_budget_settles_by_the_apps_answer(served: Served, redis_proc: RedisProcess) -> None:
+    """In-process too: the reserve at admission, the app's usage (JSON or SSE) settled when it ends."""
+    client = served.client
+    user = f"u{uuid.uuid4().hex[:8]}"
+    plain = client.post("/v1/completions", json={"max_tokens": 300, "used": 40}, headers={"X-User": user})
+    assert plain.status_code == 200
+    streamed = client.post("/v1/completions", json={"max_tokens": 100, "used": 250, "stream": True},
+                           headers={"X-User": user})
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    redis = redis_proc.client()
+    deadline = time.monotonic() + 10
+    count = None
+    while time.monotonic() < deadline:  # the settlements go in the background: 40 + 250 charged in all
+        keys = list(redis.scan_iter(match=f"*{{llm}}:tokens:{user}"))
+        count = int(redis.get(keys[0]) or 0) if keys else None
+        if count == 290:
+            break
+        time.sleep(0.05)
+    assert count == 290

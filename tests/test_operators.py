@@ -300,7 +300,7 @@ def test_healthz_says_whether_redis_answers_and_the_breaker_state(example: Gatew
     body = health.json()
     assert body["status"] == "ok" and body["ready"] is True and body["breaker"] == "closed"
     assert body["redis"]["answers"] is True and body["redis"]["latency_ms"] < 1000
-    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 6}
+    assert httpx.get(example.admin_url + "/readyz").json() == {"status": "ready", "routes": 7}
     unknown = httpx.get(example.admin_url + "/nothing-here")
     assert unknown.status_code == 404 and "no admin endpoint" in str(problem(unknown)["detail"])
     wrong = httpx.get(example.admin_url + "/reload")

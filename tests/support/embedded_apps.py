@@ -6,13 +6,15 @@ endpoints. The middleware's config file and Redis URL come from EMBED_CONFIG and
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi import Request as FastAPIRequest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
@@ -37,6 +39,21 @@ async def plain(request: Request) -> PlainTextResponse:
     return PlainTextResponse(request.url.path)
 
 
+async def completion(request: Request) -> Response:
+    """An LLM-style answer: the usage the request asks for, as JSON or as one SSE stream."""
+    asked = json.loads(await request.body())
+    usage = {"total_tokens": asked["used"]}
+    if not asked.get("stream"):
+        return JSONResponse({"usage": usage})
+
+    async def events() -> AsyncIterator[bytes]:
+        for n in range(3):
+            yield b'data: {"choices": [{"delta": {"content": "t%d"}}], "usage": null}\n\n' % n
+        yield b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
 async def chat(websocket: WebSocket) -> None:
     await websocket.accept()
     async for message in websocket.iter_text():
@@ -45,6 +62,7 @@ async def chat(websocket: WebSocket) -> None:
 
 starlette_app = Starlette(routes=[
     WebSocketRoute("/chat/{room}", chat),
+    Route("/v1/completions", completion, methods=["POST"]),
     Route("/orders/{item}", order, methods=["POST"]),
     Route("/seen/{rest:path}", seen),
     Route("/{name}", plain),
@@ -63,6 +81,7 @@ async def starlette_app_without_http_response(scope: Scope, receive: Receive, se
 
 
 fastapi_app = FastAPI()
+fastapi_app.add_api_route("/v1/completions", completion, methods=["POST"])
 
 
 @fastapi_app.post("/orders/{item}")
