@@ -405,9 +405,16 @@ def admin_app(control: AdminControl) -> Starlette:
                 if not await store.delete(route_name, rule_name, token):
                     return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
                 return JSONResponse(where | {"key": token, "deleted": True})
-            raw = await request.body()
-            if len(raw) > MAX_OVERRIDE_BODY:
-                return problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
+            try:
+                raw = await _bounded_body(request, MAX_OVERRIDE_BODY, ADMIN_BODY_TIMEOUT)
+            except _TooLarge:
+                response = problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
+                response.headers["connection"] = "close"  # the rest of it is not read
+                return response
+            except TimeoutError:
+                response = problem_response(408, f"the body did not arrive within {ADMIN_BODY_TIMEOUT:.0f}s")
+                response.headers["connection"] = "close"
+                return response
             try:
                 body = json.loads(raw)
                 parsed = parse_override(rule, body)
@@ -455,6 +462,26 @@ def admin_app(control: AdminControl) -> Starlette:
 
 SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
 MAX_OVERRIDE_BODY = 4096  # bytes
+ADMIN_BODY_TIMEOUT = 5.0  # seconds for an admin body (at most MAX_OVERRIDE_BODY) to arrive whole
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _bounded_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, read no further than `limit` bytes (a larger declared length is refused before
+    any of it is read) and within `timeout`. Raises _TooLarge or TimeoutError."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    body = bytearray()
+    async with asyncio.timeout(timeout):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _TooLarge
+    return bytes(body)
 PAGE_LIMIT = 1000  # overrides listed at most per page
 
 
