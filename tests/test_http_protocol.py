@@ -162,3 +162,30 @@ def test_a_client_that_stops_reading_holds_back_the_upstream_not_the_gateways_me
             assert chunk, f"closed after {received} bytes"
             received += len(chunk)
         assert received == size
+
+
+def test_pipelined_requests_are_bounded_per_connection(gateway: GatewayProcess) -> None:
+    """Issue 33: one read of tiny pipelined requests behind a slow one queued thousands of them
+    (3-5 MiB of worker memory a connection). Past MAX_PIPELINED the next is a 503, those before it
+    are answered in order, and the connection ends."""
+    from gateway.http.server import MAX_PIPELINED
+
+    pids = gateway.worker_pids()
+    before = {pid: _rss_kb(pid) for pid in pids}
+    tiny = b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
+    with Conn(gateway.port) as conn:
+        conn.send(get("/slow?delay=1") + tiny * 5000)
+        conn.sock.settimeout(15)
+        statuses = []
+        while True:
+            try:
+                status, _, _ = conn.response()
+            except (ConnectionError, AssertionError, TimeoutError):
+                break
+            statuses.append(status)
+            if status == 503:
+                break
+    assert statuses[0] == 200 and statuses[1:MAX_PIPELINED + 1] == [200] * MAX_PIPELINED
+    assert statuses[-1] == 503 and len(statuses) == MAX_PIPELINED + 2
+    growth_mb = max(_rss_kb(pid) - before[pid] for pid in pids) / 1024
+    assert growth_mb < 3, f"a worker grew by {growth_mb:.1f} MiB for one connection's pipeline"

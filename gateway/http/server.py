@@ -55,6 +55,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
+MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
 
@@ -563,6 +564,9 @@ class HttpProtocol(asyncio.Protocol):
                     or not self._answer_early(exchange)):
                 self._start(exchange)
         else:  # pipelined behind a response still in progress
+            if len(self.pipeline) >= MAX_PIPELINED:  # one read could queue thousands: MiBs a connection
+                self._refuse(503, f"more than {MAX_PIPELINED} requests pipelined behind one in progress")
+                raise httptools.HttpParserError("too many pipelined requests")
             self._pause_reading()
             self.pipeline.append(exchange)
 
