@@ -21,6 +21,7 @@ class Settings:
     drain_timeout: float = 10.0            # SIGTERM: how long in-flight requests may take
     watch_interval: float = 1.0            # how often the config file is checked for changes
     header_timeout: float = 10.0           # a client must send its request head within this
+    send_timeout: float = 60.0             # ... and take something of its answer at least this often
     body_timeout: float = 30.0             # ... and never pause its body longer than this
     data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
@@ -52,6 +53,7 @@ ENV_KEYS = {
     "GATEWAY_DATA_DIR": ("data_dir", str),
     "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
     "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
+    "GATEWAY_SEND_TIMEOUT": ("send_timeout", float),
     "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
     "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
     "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),

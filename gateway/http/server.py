@@ -55,6 +55,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
 HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
+SEND_TIMEOUT = 60.0  # seconds a client may take nothing of its answer (SPEC section 4)
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
@@ -69,6 +70,9 @@ class ServerOptions:
 
     max_header_bytes: int = MAX_HEADER_BYTES
     header_timeout: float = HEADER_TIMEOUT
+    # a client that takes nothing of its answer for this long is cut (nginx's send_timeout): its
+    # call is cancelled, so its concurrency slots and its upstream connection go with it
+    send_timeout: float = SEND_TIMEOUT
     # Asked before the application is entered, about keep-alive requests that expect a body in the
     # answer (not HEAD, no Expect): a whole answer (status, headers, a body its Content-Length
     # frames) is sent at once, with no task and no ASGI messages; None: the application serves it.
@@ -168,7 +172,10 @@ class Exchange:
     async def send(self, message: dict[str, Any]) -> None:
         conn = self.conn
         if conn.write_paused and not self.disconnected:
-            await conn.drain()
+            try:
+                await conn.drain()
+            except ConnectionResetError:  # cut for taking nothing: connection_lost cancels the call
+                return
         if self.disconnected or self.response_complete:
             return
         if not self.response_started:
@@ -308,6 +315,7 @@ class HttpProtocol(asyncio.Protocol):
         options = config.options if isinstance(config, ServerConfig) else ServerOptions()
         self.max_header_bytes = options.max_header_bytes
         self.header_timeout = options.header_timeout
+        self.send_timeout = options.send_timeout
         self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
@@ -739,9 +747,16 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
 
     async def drain(self) -> None:
+        """Wait until the client takes what was written. A client that takes nothing for
+        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
-        await waiter
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.send_timeout)
+        except TimeoutError:
+            log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
+            self.transport.abort()
+            raise ConnectionResetError("the client took nothing of its answer") from None
 
     def _wake_drain(self) -> None:
         waiters, self.drain_waiters = self.drain_waiters, []
