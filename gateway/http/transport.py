@@ -278,8 +278,11 @@ class Connection(asyncio.Protocol):
 
     def finish(self) -> bool:
         """Ends the request; True if the connection can carry another one."""
+        # a connection that asked to switch protocols and was answered otherwise is never reused:
+        # the upstream may have switched its side all the same (issue 33: the next client's request
+        # went to a connection in that state)
         reusable = (self.complete and self.error is None and not self.closed and self.keep_alive
-                    and not self.trailing)
+                    and not self.trailing and not self.upgrading)
         if reusable and self.head_only:
             self.parser = httptools.HttpResponseParser(self)  # it still expects the announced body
         self.head = None
