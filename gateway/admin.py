@@ -33,6 +33,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import re
 import signal
@@ -53,6 +54,7 @@ from gateway.keys import identity_token, shard_tags, state_key
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.responses import problem
+from gateway.settings import needs_embedded_redis
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 
@@ -67,6 +69,7 @@ T = TypeVar("T")
 # an identity token (gateway.keys.identity_token) that is not a value a client could have sent as
 # is: the digest form; a readable token is its own key= value already
 _TOKEN = re.compile(rb"^~[A-Za-z0-9_-]{20}$")
+log = logging.getLogger("gateway.admin")
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 
@@ -431,8 +434,14 @@ def admin_app(control: AdminControl) -> Starlette:
                          "overrides already: delete some, or raise max_overrides in the file", **where)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
-        return JSONResponse(where | {"key": token, "override": body,
-                                     "applies_within_seconds": 2})
+        answer = where | {"key": token, "override": body, "applies_within_seconds": 2}
+        settings = control.settings
+        if needs_embedded_redis(settings, runtime.config) and settings.data_dir is None:
+            warning = ("the embedded Redis keeps this override in memory only: it is gone when the gateway "
+                       "stops (serve --data-dir DIR keeps it, or set a Redis URL)")
+            log.warning("override of %s/%s set: %s", route_name, rule_name, warning)
+            answer |= {"survives_restart": False, "warning": warning}
+        return JSONResponse(answer)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

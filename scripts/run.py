@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--admin-port", type=int, default=9090)
     parser.add_argument("--backend-port", type=int, default=9000)
+    parser.add_argument("--data-dir", default=".run-state",
+                        help="where the embedded Redis keeps limits and overrides between runs (git-ignored)")
     args = parser.parse_args(argv)
 
     parent = os.getppid()
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                                preexec_fn=with_us)
     env = dict(os.environ, SHOP_URL=f"http://127.0.0.1:{args.backend_port}")
     gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", args.config,
-                                "--port", str(args.port), "--admin-port", str(args.admin_port)],
+                                "--port", str(args.port), "--admin-port", str(args.admin_port),
+                                "--data-dir", args.data_dir],
                                env=env, preexec_fn=with_us)
     try:
         while gateway.poll() is None and not stop_requested and not make_is_stopping(parent):
