@@ -370,6 +370,8 @@ BEYOND_A_SCHEMA = {
     "unset_env": "the environment",
     "websocket_on_http2": "a reference to another section (the upstream's http2)",
     "yaml_alias": "the YAML text (a schema sees the resolved document)",
+    "route_after_a_catch_all": "the order of the routes",
+    "method_misspelled": "a list of known methods (kept in the loader, for its did-you-mean)",
 }
 NOT_YAML = {"not_yaml", "spec_unquoted_braces"}
 

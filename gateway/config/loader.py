@@ -9,6 +9,7 @@ before a value is typed.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -63,6 +64,12 @@ from gateway.errors import ConfigError, ConfigProblem
 from gateway.http.request import HOP_BY_HOP
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
+# RFC 9110's methods, PATCH (RFC 5789), WebDAV's (RFC 4918, 3253, 5323) and the common cache purge
+KNOWN_METHODS = frozenset({
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY",
+    "PROPFIND", "PROPPATCH", "MKCOL", "COPY", "MOVE", "LOCK", "UNLOCK", "REPORT", "SEARCH", "MKCALENDAR",
+    "PURGE",
+})
 MAX_NODES = 200_000
 MAX_DEPTH = 40
 
@@ -499,15 +506,28 @@ def _routes(
         return ()
     out: list[Route] = []
     names: set[str] = set()
+    takes_all: tuple[str, int] | None = None  # a route before that takes every request: (name, line)
     for i, item in enumerate(r.sequence(top.nodes["routes"], "routes") or []):
         route = _route(item, f"routes[{i}]", r, upstreams, defaults, jwt)
         if route is None:
             continue
         if route.name in names:
             r.problem(item, f"routes[{i}].name", f"route '{route.name}' is defined twice")
+        if takes_all is not None:
+            r.problem(item, f"routes[{i}]({route.name})", f"can never match: route '{takes_all[0]}' (line "
+                      f"{takes_all[1]}) before it takes every request (routes are tried in file order; move "
+                      "the catch-all last)")
+        elif _takes_every_request(route):
+            takes_all = (route.name, item.start_mark.line + 1)
         names.add(route.name)
         out.append(route)
     return tuple(out)
+
+
+def _takes_every_request(route: Route) -> bool:
+    """A route whose template matches any path, for any method and host, whoever asks."""
+    return (re.fullmatch(r"/\{[A-Za-z_][A-Za-z0-9_]*:path\}", route.path) is not None and route.methods is None
+            and route.host is None and not route.when)
 
 
 def _route(
@@ -545,6 +565,11 @@ def _match(node: yaml.Node, key: str, r: _Reader,
         return "/", None, None, Conditions(), "sensitive"
     values = r.read(found, key, Place.MATCH)
     methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
+    for method in sorted(methods or ()):
+        if method not in KNOWN_METHODS:
+            near = difflib.get_close_matches(method, sorted(KNOWN_METHODS), n=1)
+            r.problem(found.nodes["methods"], f"{key}.methods",
+                      f"{method} is no HTTP method" + (f" (did you mean {near[0]}?)" if near else ""))
     headers: list[tuple[bytes, frozenset[bytes] | None]] = []
     for name, wanted, name_node in _conditions(found, "headers", key, r, presence=True):
         name = name.lower()
@@ -680,6 +705,12 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     r.require(found, key, Place.RULE, only=None if keyed else [k for k in keys(Place.RULE) if k != "by"])
     algorithm = r.read(found, key, Place.RULE, only=["algorithm"]).get("algorithm")
     if name is None or algorithm is None:
+        # the rule's other keys are still checked: one run names every problem
+        r.read(found, key, Place.RULE, skip=["name", "algorithm"])
+        for j, snode in enumerate(r.sequence(found.nodes["by"], f"{key}.by") or [] if "by" in found else []):
+            _source(snode, f"{key}.by[{j}]", r, params, jwt)
+        if "cost" in found:
+            _cost(found.nodes["cost"], f"{key}.cost", r)
         return None
     algorithm = Algorithm(algorithm)
     needed, optional = parameters(algorithm)
