@@ -427,24 +427,6 @@ def test_unknown_method(rls: Rls) -> None:
     assert status is grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_not_grpc_and_compressed_are_refused(rls: Rls) -> None:
-    """Plain HTTP/2 (another content type) gets HTTP's 415; a compressed message (flag 1) gRPC's
-    UNIMPLEMENTED, in a trailers-only answer: nothing is guessed at, nothing counted."""
-    if rls.kind != "lean":
-        pytest.skip("grpclib's own answers")
-    path = f"http://127.0.0.1:{rls.port}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    message = request("another", [("key2", unique())]).SerializeToString()
-    with httpx.Client(http1=False, http2=True) as client:
-        plain = client.post(path, content=b"{}", headers={"content-type": "application/json"})
-        assert plain.status_code == 415
-        compressed = client.post(path, content=b"\x01" + len(message).to_bytes(4, "big") + message,
-                                 headers={"content-type": "application/grpc", "te": "trailers"})
-        assert compressed.headers["grpc-status"] == "12"
-        assert "compressed" in compressed.headers["grpc-message"]
-        torn = client.post(path, content=b"\x00\x00\x00\x00\x09abc", headers={"content-type": "application/grpc"})
-        assert torn.headers["grpc-status"] == "3"
-
-
 # --- the native form --------------------------------------------------------------------------------
 
 def test_native_domain_rules_of_other_algorithms(rls: Rls) -> None:

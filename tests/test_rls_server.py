@@ -20,6 +20,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.settings
+import httpx
 import pytest
 
 from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
@@ -265,3 +266,19 @@ def test_shutdown_answers_the_calls_in_flight(tmp_path: Path) -> None:
         gateway.stop()
         server.stop()
         assert "Traceback" not in gateway.log() and "never retrieved" not in gateway.log(), gateway.log()
+
+
+def test_not_grpc_and_compressed_are_refused(port: int) -> None:
+    """Plain HTTP/2 (another content type) gets HTTP's 415; a compressed message (flag 1) gRPC's
+    UNIMPLEMENTED, in a trailers-only answer: nothing is guessed at, nothing counted."""
+    path = f"http://127.0.0.1:{port}{PATH}"
+    message = request("d", [("k", "compressed")]).SerializeToString()
+    with httpx.Client(http1=False, http2=True) as client:
+        plain = client.post(path, content=b"{}", headers={"content-type": "application/json"})
+        assert plain.status_code == 415
+        compressed = client.post(path, content=b"\x01" + len(message).to_bytes(4, "big") + message,
+                                 headers={"content-type": "application/grpc", "te": "trailers"})
+        assert compressed.headers["grpc-status"] == "12"
+        assert "compressed" in compressed.headers["grpc-message"]
+        torn = client.post(path, content=b"\x00\x00\x00\x00\x09abc", headers={"content-type": "application/grpc"})
+        assert torn.headers["grpc-status"] == "3"
