@@ -144,7 +144,10 @@ def test_the_properties_did_answer_from_memory() -> None:
         pytest.skip("counts what the property tests above did: run it with them")
     assert set(HITS) == {*ALGORITHMS, "quota_period", "route"}, HITS
     kept = [a for a in HITS if a != "leaky_bucket"]
-    assert all(HITS[a][1] > 0 for a in kept), HITS
+    # every algorithm answered from memory; refusals with a retry (timed) among them overall: which
+    # algorithm draws only costs that never fit in one run is chance (a clean run once drew none timed)
+    assert all(HITS[a][0] > 0 for a in kept), HITS
+    assert sum(HITS[a][1] for a in kept) > 0, HITS
     assert HITS.get("leaky_bucket", (0, 0))[1] == 0, HITS
 
 
