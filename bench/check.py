@@ -19,7 +19,6 @@ Results: a table on stdout, and with --docs the generated block of docs/benchmar
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -192,21 +191,9 @@ def _print(rows: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 
 def _write_docs(rows: dict[str, dict[str, dict[str, Any]]], duration: float) -> None:
-    text = DOC.read_text()
-    block = "\n".join([
-        BEGIN,
-        f"Measured {dt.date.today().isoformat()} on this 2-core VM with `python bench/check.py --duration "
-        f"{duration:g} --docs` (wrk -t1 at 1 connection, -t2 at 50; {run.git_describe()}):",
-        "",
-        *_table(rows),
-        END,
-    ])
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## Behind another proxy: the check endpoint\n\n" + block + "\n"
-    DOC.write_text(text)
+    run.write_doc_block(BEGIN, END, "Behind another proxy: the check endpoint",
+                        f"python bench/check.py --duration {duration:g} --docs", "wrk -t1 at 1 connection, -t2 at 50",
+                        _table(rows))
 
 
 if __name__ == "__main__":

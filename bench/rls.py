@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import os
 import re
 import subprocess
@@ -388,21 +387,9 @@ def table(report: dict[str, Any]) -> list[str]:
 
 
 def write_docs(report: dict[str, Any], duration: float) -> None:
-    text = DOC.read_text()
-    block = "\n".join([
-        BEGIN,
-        f"Measured {dt.date.today().isoformat()} on this 2-core VM with `python bench/rls.py --duration "
-        f"{duration:g} --docs` (h2load for gRPC, wrk for HTTP; {run.git_describe()}):",
-        "",
-        *table(report),
-        END,
-    ])
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## Behind Envoy: the rate limit service\n\n" + block + "\n"
-    DOC.write_text(text)
+    run.write_doc_block(BEGIN, END, "Behind Envoy: the rate limit service",
+                        f"python bench/rls.py --duration {duration:g} --docs", "h2load for gRPC, wrk for HTTP",
+                        table(report))
 
 
 def main(argv: list[str] | None = None) -> int:

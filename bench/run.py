@@ -945,6 +945,20 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_doc_block(begin: str, end: str, heading: str, command: str, how: str, lines: list[str]) -> None:
+    """Put a bench's generated block (between `begin` and `end`) into docs/benchmarks.md: in place
+    of the last one, or at the end under `heading` the first time."""
+    text = DOCS.read_text()
+    block = "\n".join([begin, f"Measured {dt.date.today().isoformat()} on this 2-core VM with `{command}` "
+                               f"({how}; {git_describe()}):", "", *lines, end])
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
+    DOCS.write_text(text)
+
+
 def update_docs(block: str) -> None:
     text = DOCS.read_text() if DOCS.exists() else f"# Benchmarks\n\n{DOC_START}\n{DOC_END}\n"
     if DOC_START not in text or DOC_END not in text:

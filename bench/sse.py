@@ -13,7 +13,6 @@ the worker's CPU per MB are read from /proc.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -160,15 +159,8 @@ def main(argv: list[str] | None = None) -> int:
               f"sent: {rows['budget']['settlements']:.0f}."]
     print("\n".join(lines))
     if args.docs:
-        block = "\n".join([BEGIN, f"Measured {dt.date.today().isoformat()} on this 2-core VM with `python bench/sse.py "
-                           f"--docs` (a 10 MB answer, wrk -t1 -c1; {run.git_describe()}):", "", *lines, END])
-        text = DOC.read_text()
-        if BEGIN in text:
-            head, rest = text.split(BEGIN, 1)
-            text = head + block + rest.split(END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n## Token budgets: reading a stream's usage\n\n" + block + "\n"
-        DOC.write_text(text)
+        run.write_doc_block(BEGIN, END, "Token budgets: reading a stream's usage",
+                            "python bench/sse.py --docs", "a 10 MB answer, wrk -t1 -c1", lines)
     return 0
 
 

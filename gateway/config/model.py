@@ -215,7 +215,6 @@ class RlsDomain:
     route: Route
     descriptors: tuple[RlsDescriptor, ...]
     names: tuple[str, ...] = ()     # per rule of `route`: the name RateLimit.name carries (a file's `name`)
-    where: str = ""                 # file:line of its definition
 
 
 LOCAL_REFUSALS_MAX: int = default(P.LOCAL_REFUSALS, "max_entries")  # refusals each worker keeps (refusals.py)

@@ -239,7 +239,6 @@ def assemble(source: DomainSource, route_fields: dict[str, object]) -> tuple[Rls
     names: list[str] = []
     problems: list[ConfigProblem] = []
     taken: set[str] = set()
-    by_limit_name: set[str] = set()
 
     def place(nodes: list[Node], path: list[str], keys: tuple[str, ...]) -> tuple[RlsDescriptor, ...]:
         out = []
@@ -263,8 +262,6 @@ def assemble(source: DomainSource, route_fields: dict[str, object]) -> tuple[Rls
                 rules.append(dataclasses.replace(node.rule, name=name,
                                                  by=tuple(Source("descriptor", key) for key in entries)))
                 names.append(node.limit_name or name)
-            if node.limit_name:
-                by_limit_name.add(node.limit_name)
             out.append(RlsDescriptor(node.key, node.value, index, node.unlimited, node.replaces,
                                      place(node.children, here, entries)))
         return tuple(out)
@@ -274,4 +271,4 @@ def assemble(source: DomainSource, route_fields: dict[str, object]) -> tuple[Rls
         return None, problems
     route = Route(name=f"rls.{source.name}", path="/", methods=None, host=None, upstream=None, limits=tuple(rules),
                   **route_fields)  # type: ignore[arg-type]
-    return RlsDomain(source.name, route, descriptors, tuple(names), f"{source.file}:{source.line}"), []
+    return RlsDomain(source.name, route, descriptors, tuple(names)), []

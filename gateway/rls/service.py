@@ -40,7 +40,7 @@ from gateway.rls.domains import CODE_SECONDS, Counted, Domain
 from gateway.runtime import Runtime
 
 # gRPC status codes (grpc/status.h)
-OK_STATUS, CANCELLED, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 0, 1, 3, 8, 12, 14
+INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 3, 8, 12, 14
 
 MAX_DESCRIPTORS = 64        # per request; of their limits, at most MAX_RULES distinct ones (one script call)
 MAX_ENTRIES = 16            # per descriptor: the depth a tree may have
