@@ -8,11 +8,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import patience
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisClock, RedisProcess, binaries
 from tests.support.upstream import Upstream
 
 os.environ.setdefault("TZ", "UTC")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    patience.factor()  # measured once, before any test loads the machine; carried to child processes
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"time factor: {patience.factor()} ({patience.ENV}; tests/support/patience.py)"
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
+from tests.support.orphans import dies_with_the_suite
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for_port
 
@@ -69,6 +70,7 @@ class FrontProxy:
         with self.stderr_path.open("wb") as stderr:
             self.process = subprocess.Popen(
                 self.command(), cwd=self.dir, env=self.environment(), start_new_session=True,
+                preexec_fn=dies_with_the_suite(),
                 stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
             )
         try:

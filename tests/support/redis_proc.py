@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
 import redis
 
 from gateway.embedded import EmbeddedRedis, redis_server_binary
+from tests.support.patience import within
 from tests.support.ports import free_port
 
 DEBIAN_REDIS = "/usr/bin/redis-server"
@@ -48,6 +50,10 @@ class RedisProcess(EmbeddedRedis):
                 "FAKETIME_NO_CACHE": "1",
             }
         super().__init__(binary=binary, port=port or free_port(), extra_args=extra_args, env=env)
+
+    def start(self, wait: float = 10.0) -> None:
+        self.die_with_parent = threading.current_thread() is threading.main_thread()  # tests/support/orphans.py
+        super().start(within(wait))
 
     def stop(self) -> None:
         if self.env and self.process is not None and self.process.poll() is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.embedded import redis_server_binary
+from tests.support.orphans import dies_with_the_suite
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
@@ -28,7 +29,7 @@ class Sentinel(RedisProcess):
         self.process = subprocess.Popen(
             [redis_server_binary(), str(self.conf), "--sentinel", "--port", str(self.port),
              "--bind", "127.0.0.1", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=dies_with_the_suite(),
         )
         wait_until(lambda: self._answers(), timeout=wait)
 

@@ -22,6 +22,7 @@ import time
 
 from aiohttp import web
 
+from tests.support.orphans import dies_with_the_suite
 from tests.support.ports import free_port
 
 CHUNK = b"x" * (1 << 20)
@@ -150,7 +151,7 @@ class Upstream:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", self.module, "--port", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_the_suite(),
         )
         from tests.support.waiting import wait_for_port
 

@@ -1,4 +1,4 @@
-"""Waiting for real processes to be ready, with a bound."""
+"""Waiting for real processes to be ready, with a bound (scaled by the suite's time factor)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from tests.support.patience import within
+
 
 def wait_for_port(port: int, process: subprocess.Popen[bytes] | None = None, timeout: float = 20.0) -> None:
+    timeout = within(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
@@ -22,9 +25,10 @@ def wait_for_port(port: int, process: subprocess.Popen[bytes] | None = None, tim
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> None:
+    timeout = within(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(interval)
-    raise TimeoutError("condition not met in time")
+    raise TimeoutError(f"condition not met in {timeout:.1f}s")
