@@ -54,9 +54,9 @@ from gateway.keys import identity_token, shard_tags, state_key
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.responses import problem
-from gateway.settings import needs_embedded_redis
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
+from gateway.which_redis import needs_embedded_redis
 
 if TYPE_CHECKING:
     from gateway.plan import RoutePlan

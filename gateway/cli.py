@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.rls.tls import tls_context
-from gateway.settings import Settings, from_env
+from gateway.settings import OPTIONS, Settings, from_env
 
 if TYPE_CHECKING:
     from gateway.supervisor import WorkerMain
@@ -27,23 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gateway {gateway_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--config", help="routes.yaml (env GATEWAY_CONFIG; default routes.yaml)")
-    serve.add_argument("--host", help="proxy address (default 0.0.0.0)")
-    serve.add_argument("--port", type=int, help="proxy port (env GATEWAY_PORT; default 8080)")
-    serve.add_argument("--admin-host", help="admin address (env GATEWAY_ADMIN_HOST; default 127.0.0.1: "
-                       "reset and reload stay on this machine)")
-    serve.add_argument("--admin-port", type=int, help="admin port (env GATEWAY_ADMIN_PORT; default 9090)")
-    serve.add_argument("--workers", type=int, help="worker processes (env GATEWAY_WORKERS; default 1)")
-    serve.add_argument("--check-port", type=int, help="the check endpoint: forward-auth for nginx, Envoy, "
-                       "Traefik and Caddy (env GATEWAY_CHECK_PORT; default off)")
-    serve.add_argument("--rls-port", type=int, help="Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) "
-                       "for Envoy, Istio, Contour and Gloo (env GATEWAY_RLS_PORT; default off)")
-    serve.add_argument("--rls-tls-cert", help="serve the rate limit service over TLS (HTTP/2 by ALPN) with this PEM "
-                       "certificate chain (env GATEWAY_RLS_TLS_CERT; with --rls-tls-key)")
-    serve.add_argument("--rls-tls-key", help="the PEM private key of --rls-tls-cert (env GATEWAY_RLS_TLS_KEY)")
-    serve.add_argument("--redis-url", help="Redis URL (env GATEWAY_REDIS_URL; overrides routes.yaml)")
-    serve.add_argument("--data-dir", help="where the embedded Redis persists its state (env GATEWAY_DATA_DIR; "
-                       "default: none, state is in memory and gone on exit)")
+    for option in OPTIONS:
+        if option.flag is not None:
+            serve.add_argument(option.flag, type=option.kind, dest=option.field, metavar=option.shown_metavar,
+                               help=f"{option.help} (env {option.env}; default {option.shown_default()})")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
     check.add_argument("config", nargs="?", help="path to routes.yaml (default: as serve, GATEWAY_CONFIG "
                        "or routes.yaml)")
@@ -64,13 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """Defaults, then the environment, then flags."""
-    flags = {
-        "config_path": args.config, "host": args.host, "port": args.port,
-        "admin_host": args.admin_host, "admin_port": args.admin_port,
-        "workers": args.workers, "redis_url": args.redis_url, "data_dir": args.data_dir,
-        "check_port": args.check_port, "rls_port": args.rls_port,
-        "rls_tls_cert": args.rls_tls_cert, "rls_tls_key": args.rls_tls_key,
-    }
+    flags = {option.field: getattr(args, option.field) for option in OPTIONS if option.flag is not None}
     return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
 
 

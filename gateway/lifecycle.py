@@ -22,8 +22,9 @@ from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
 from gateway.override_sync import Overrides, keep_in_step
 from gateway.runtime import Runtime, build_runtime, new_limiter
-from gateway.settings import Settings, redis_settings
+from gateway.settings import Settings
 from gateway.top import TopRefused
+from gateway.which_redis import redis_settings
 
 log = logging.getLogger("gateway")
 

@@ -42,20 +42,21 @@ from gateway.admitted import Admitted
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError, RedisUnavailable
-from gateway.http.request import DEFAULT_MAX_HEAD_BYTES, Request
+from gateway.http.request import Request
 from gateway.outcome import Admit, Answer, Limits, RequestOutcome
 from gateway.override_sync import Overrides, keep_in_step
 from gateway.pipeline import decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
-from gateway.settings import Settings, redis_settings
+from gateway.settings import DEFAULTS, Settings
+from gateway.which_redis import redis_settings
 
 log = logging.getLogger("gateway")
 
 
 class RateLimitMiddleware:
     def __init__(self, app: ASGIApp, config: str | Path = "routes.yaml", redis_url: str | None = None,
-                 max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> None:
+                 max_head_bytes: int = DEFAULTS.max_head_bytes) -> None:
         self.app = app
         self.config: Config | None = None
         self.error: ConfigError | None = None

@@ -11,6 +11,7 @@ from gateway.http.request import Request
 from gateway.leases import Lease
 from gateway.plan import RoutePlan
 from gateway.responses import Headers
+from gateway.settings import DEFAULTS
 from gateway.settlement import Settlement
 
 
@@ -39,8 +40,8 @@ class DecidedBy(StrEnum):
 class Limits:
     """The per-request bounds the pipeline applies (from Settings)."""
 
-    max_head_bytes: int = 64 * 1024
-    body_timeout: float = 30.0  # a body read for a `body` identity may pause this long
+    max_head_bytes: int = DEFAULTS.max_head_bytes
+    body_timeout: float = DEFAULTS.body_timeout  # a body read for a `body` identity may pause this long
 
 
 @dataclass(slots=True)

@@ -33,12 +33,12 @@ from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import HOP_BY_HOP, Request
 from gateway.http.transport import LeanTransport, tls_context
+from gateway.settings import DEFAULTS
 from gateway.usage import AnswerUsage
 
 Headers = list[tuple[bytes, bytes]]
 Switched = Callable[[Headers, Any], Awaitable[None]]  # (the 101's headers, its network stream)
 
-BODY_CHUNK_TIMEOUT = 30.0  # the default of Settings.body_timeout
 BUFFERED_BODY_BYTES = 16 * 1024  # of a request body, read before an upstream connection is taken
 MIN_BODY_RATE = 240.0      # bytes a second a request body averages once BODY_RATE_GRACE has passed ...
 BODY_RATE_GRACE = 5.0      # ... seconds of waiting for it (Kestrel's MinRequestBodyDataRate defaults)
@@ -50,7 +50,7 @@ class ClientDisconnected(Exception):
 
 
 class ClientTooSlow(ClientDisconnected):
-    """The client sent nothing of its body for BODY_CHUNK_TIMEOUT seconds."""
+    """The client sent nothing of its body for Settings.body_timeout seconds."""
 
 
 # the answer's status and fields as they arrive -> the (lowercase) names of fields withheld from the client
@@ -238,7 +238,7 @@ class RequestBody(httpx.AsyncByteStream):
     not the time the upstream takes to read what was sent.
     """
 
-    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = BODY_CHUNK_TIMEOUT,
+    def __init__(self, prefix: bytes, more: bool, receive: Receive, timeout: float = DEFAULTS.body_timeout,
                  min_rate: float | None = None, grace: float | None = None) -> None:
         self.prefix = prefix
         self.more = more

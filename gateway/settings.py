@@ -1,11 +1,15 @@
-"""All process settings in one typed object: defaults < environment < command-line flags."""
+"""All process settings in one typed object: defaults < environment < command-line flags.
+
+`Settings` holds each default, once. `OPTIONS` says, per setting, its environment variable, its
+`gateway serve` flag, its help and the Helm chart value that sets it; the argument parser
+(gateway/cli.py), the environment reading below and the table in docs/configuration.md
+(gateway/config/reference.py) are all made from it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-
-from gateway.config import Config, RedisSettings
 
 
 @dataclass(frozen=True)
@@ -41,27 +45,75 @@ class Settings:
         return self.admin_host
 
 
-ENV_KEYS = {
-    "GATEWAY_CONFIG": ("config_path", str),
-    "GATEWAY_PORT": ("port", int),
-    "GATEWAY_ADMIN_PORT": ("admin_port", int),
-    "GATEWAY_WORKERS": ("workers", int),
-    "GATEWAY_REDIS_URL": ("redis_url", str),
-    "GATEWAY_LOG_LEVEL": ("log_level", str),
-    "GATEWAY_HOST": ("host", str),
-    "GATEWAY_ADMIN_HOST": ("admin_host", str),
-    "GATEWAY_DATA_DIR": ("data_dir", str),
-    "GATEWAY_DRAIN_TIMEOUT": ("drain_timeout", float),
-    "GATEWAY_HEADER_TIMEOUT": ("header_timeout", float),
-    "GATEWAY_SEND_TIMEOUT": ("send_timeout", float),
-    "GATEWAY_BODY_TIMEOUT": ("body_timeout", float),
-    "GATEWAY_WATCH_INTERVAL": ("watch_interval", float),
-    "GATEWAY_MAX_HEAD_BYTES": ("max_head_bytes", int),
-    "GATEWAY_CHECK_PORT": ("check_port", int),
-    "GATEWAY_RLS_PORT": ("rls_port", int),
-    "GATEWAY_RLS_TLS_CERT": ("rls_tls_cert", str),
-    "GATEWAY_RLS_TLS_KEY": ("rls_tls_key", str),
-}
+DEFAULTS = Settings()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting as an operator meets it."""
+
+    field: str
+    env: str
+    kind: type[int] | type[float] | type[str]
+    help: str
+    flag: str | None = None
+    chart: str | None = None  # the chart's value (helm/gateway/values.yaml) that sets it
+    unset: str = "none"       # what a default of None means, in words
+    metavar: str = ""
+
+    @property
+    def shown_metavar(self) -> str:
+        return self.metavar or {int: "N", float: "SECONDS"}.get(self.kind, "VALUE")
+
+    @property
+    def default(self) -> object:
+        return getattr(DEFAULTS, self.field)
+
+    def shown_default(self) -> str:
+        value = self.default
+        if value is None:
+            return self.unset
+        if isinstance(value, float) and value.is_integer():
+            return f"{int(value)}"
+        return str(value)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("config_path", "GATEWAY_CONFIG", str, "routes.yaml to serve", "--config", metavar="PATH"),
+    Option("host", "GATEWAY_HOST", str, "address of the proxy, check and RLS ports", "--host", metavar="ADDRESS"),
+    Option("port", "GATEWAY_PORT", int, "proxy port", "--port", chart="containerPorts.proxy"),
+    Option("admin_host", "GATEWAY_ADMIN_HOST", str,
+           "admin address: loopback keeps reset and reload on this machine", "--admin-host",
+           metavar="ADDRESS"),
+    Option("admin_port", "GATEWAY_ADMIN_PORT", int, "admin port", "--admin-port", chart="containerPorts.admin"),
+    Option("workers", "GATEWAY_WORKERS", int, "worker processes", "--workers", chart="workers"),
+    Option("check_port", "GATEWAY_CHECK_PORT", int,
+           "the check endpoint: forward-auth for nginx, Envoy, Traefik and Caddy", "--check-port",
+           chart="check.containerPort", unset="off"),
+    Option("rls_port", "GATEWAY_RLS_PORT", int, "Envoy's rate limit service (gRPC, envoy.service.ratelimit.v3) "
+           "for Envoy, Istio, Contour and Gloo", "--rls-port", chart="rls.containerPort", unset="off"),
+    Option("rls_tls_cert", "GATEWAY_RLS_TLS_CERT", str, "serve the rate limit service over TLS (HTTP/2 by ALPN) "
+           "with this PEM certificate chain, with --rls-tls-key", "--rls-tls-cert", chart="rls.tls.secretName",
+           unset="plain HTTP/2", metavar="PEM"),
+    Option("rls_tls_key", "GATEWAY_RLS_TLS_KEY", str, "the PEM private key of --rls-tls-cert", "--rls-tls-key",
+           chart="rls.tls.secretName", metavar="PEM"),
+    Option("redis_url", "GATEWAY_REDIS_URL", str, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
+           chart="redis.url", unset="routes.yaml's, else the embedded Redis", metavar="URL"),
+    Option("data_dir", "GATEWAY_DATA_DIR", str, "where the embedded Redis persists its state", "--data-dir",
+           unset="none: in memory, gone on exit", metavar="DIR"),
+    Option("log_level", "GATEWAY_LOG_LEVEL", str, "debug, info, warning or error", chart="logLevel"),
+    Option("drain_timeout", "GATEWAY_DRAIN_TIMEOUT", float,
+           "seconds in-flight requests may take after SIGTERM", chart="drainTimeoutSeconds"),
+    Option("watch_interval", "GATEWAY_WATCH_INTERVAL", float,
+           "seconds between checks of routes.yaml (and the RLS files) for changes; 0: never"),
+    Option("header_timeout", "GATEWAY_HEADER_TIMEOUT", float, "seconds a client has to send its request head"),
+    Option("body_timeout", "GATEWAY_BODY_TIMEOUT", float, "seconds a client's request body may pause"),
+    Option("send_timeout", "GATEWAY_SEND_TIMEOUT", float,
+           "seconds a client may take nothing of its answer before it is cut"),
+    Option("max_head_bytes", "GATEWAY_MAX_HEAD_BYTES", int, "bytes of request line and headers; past it a 431"),
+)
+
+ENV_KEYS = {option.env: (option.field, option.kind) for option in OPTIONS}
 
 
 def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
@@ -76,15 +128,3 @@ def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
         except ValueError as exc:
             raise ValueError(f"{name}={raw!r}: {exc}") from exc
     return replace(settings, **values)  # type: ignore[arg-type]
-
-
-def redis_settings(settings: Settings, config: Config) -> RedisSettings:
-    """The Redis the gateway uses: flag/env URL, else routes.yaml's, else the embedded server."""
-    url = settings.redis_url or config.redis.url or settings.embedded_redis_url or ""
-    mode = config.redis.mode if (settings.redis_url or config.redis.url) else "standalone"
-    return replace(config.redis, url=url, mode=mode)
-
-
-def needs_embedded_redis(settings: Settings, config: Config) -> bool:
-    return not (settings.redis_url or config.redis.url)
-

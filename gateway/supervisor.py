@@ -36,7 +36,8 @@ from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
 from gateway.parent_death import die_with_parent
 from gateway.rls.tls import tls_context
-from gateway.settings import Settings, needs_embedded_redis
+from gateway.settings import Settings
+from gateway.which_redis import needs_embedded_redis
 
 if TYPE_CHECKING:
     from gateway.app import Composed

@@ -111,3 +111,58 @@ def test_check_without_a_path_reads_what_serve_would(tmp_path: Path) -> None:
     assert nowhere.returncode == 2
     assert str(tmp_path / "routes.yaml") in nowhere.stderr and "GATEWAY_CONFIG" in nowhere.stderr
     assert "Traceback" not in nowhere.stderr
+
+
+# --- the settings table: flags, environment, docs and chart from one place ------------------------
+
+def test_every_setting_is_in_the_table_once_and_the_table_names_only_settings() -> None:
+    from dataclasses import fields
+
+    from gateway.settings import OPTIONS
+
+    names = [option.field for option in OPTIONS]
+    assert sorted(names) == sorted({f.name for f in fields(Settings)} - {"embedded_redis_url"})  # supervisor's own
+    assert len({option.env for option in OPTIONS}) == len(OPTIONS)
+    assert all(option.env.startswith("GATEWAY_") for option in OPTIONS)
+
+
+def test_help_shows_each_flag_with_its_environment_variable_and_default() -> None:
+    from gateway.settings import OPTIONS
+
+    text = " ".join(run("serve", "--help").stdout.split())
+    for option in OPTIONS:
+        if option.flag is not None:
+            assert f"{option.flag} {option.shown_metavar}" in text
+            assert f"env {option.env}; default {option.shown_default()})" in text, option.field
+
+
+def test_each_flag_and_each_variable_sets_its_setting() -> None:
+    from gateway.settings import OPTIONS
+
+    samples = {int: "7", float: "2.5", str: "/some/value"}
+    for option in OPTIONS:
+        expected = option.kind(samples[option.kind])
+        assert getattr(from_env({option.env: samples[option.kind]}), option.field) == expected, option.env
+        if option.flag is not None:
+            settings = resolve_settings(parse_args(["serve", option.flag, samples[option.kind]]), {})
+            assert getattr(settings, option.field) == expected, option.flag
+
+
+def test_the_chart_sets_each_setting_it_names_with_the_same_default() -> None:
+    import yaml
+
+    from gateway.settings import OPTIONS
+
+    chart = REPO / "helm" / "gateway"
+    template = (chart / "templates" / "deployment.yaml").read_text()
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    for option in OPTIONS:
+        if option.chart is None:
+            continue
+        assert f"- name: {option.env}\n" in template, option.env
+        assert f".Values.{option.chart}" in template, option.chart
+        value = values
+        for part in option.chart.split("."):
+            value = value[part]
+        if option.default is not None and not option.chart.endswith(("containerPort", "secretName", "url")):
+            assert option.kind(value) == option.default, (option.chart, value, option.default)

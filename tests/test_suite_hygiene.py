@@ -57,8 +57,8 @@ def test_a_test_run_killed_outright_leaves_no_gateway_redis_or_upstream_behind(t
     pids_file = tmp_path / "pids.json"
     output = (tmp_path / "inner.log").open("wb")
     env = {**os.environ, "PIDS_FILE": str(pids_file), "PYTHONPATH": str(ROOT)}
-    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
-                           cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+    inner = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")]
+    run = subprocess.Popen(inner, cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
     try:
         def started() -> bool:
             assert run.poll() is None, (tmp_path / "inner.log").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gateway.config.fields import PLACES, Algorithm, Field, Place, fields, parameters
 from gateway.config.kinds import ListOf, Named, Section
+from gateway.settings import OPTIONS
 
 HEADER = """\
 # routes.yaml reference
@@ -63,6 +64,15 @@ def render() -> str:
     for algorithm in Algorithm:
         needed, optional = parameters(algorithm)
         out.append(f"| `{algorithm}` | {', '.join(needed)} | {', '.join(optional)} |")
+    out += ["", "## process settings", "",
+            "`gateway serve`'s own settings, outside routes.yaml: a flag wins over the environment variable, "
+            "which wins over the default. The Helm chart sets the ones with a chart value "
+            "(helm/gateway/values.yaml). Made from gateway/settings.py's OPTIONS, as `--help` is.", "",
+            "| flag | environment | default | chart value | meaning |", "| --- | --- | --- | --- | --- |"]
+    for option in OPTIONS:
+        flag = f"`{option.flag} {option.shown_metavar}`" if option.flag else ""
+        chart = f"`{option.chart}`" if option.chart else ""
+        out.append(f"| {flag} | `{option.env}` | {_cell(option.shown_default())} | {chart} | {_cell(option.help)} |")
     return "\n".join(out) + "\n"
 
 

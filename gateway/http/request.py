@@ -31,8 +31,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from gateway.errors import BadRequest, HeadTooLarge, NotImplementedRequest
-
-DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+from gateway.settings import DEFAULTS
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
@@ -109,7 +108,7 @@ class Request:
         return self.first.get(name)
 
 
-def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES) -> Request:
+def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS.max_head_bytes) -> Request:
     """The checked view of one ASGI http scope. Raises BadRequest (400), HeadTooLarge (431) or
     NotImplementedRequest (501); nothing has been forwarded or counted when it does."""
     method: str = scope["method"]

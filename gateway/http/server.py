@@ -49,13 +49,11 @@ import uvicorn
 
 from gateway.http.problem import problem
 from gateway.http.upgraded import UpgradedStream
+from gateway.settings import DEFAULTS
 
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
-MAX_HEADER_BYTES = 64 * 1024
 MAX_URL_BYTES = 8 * 1024
-HEADER_TIMEOUT = 10.0
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
-SEND_TIMEOUT = 60.0  # seconds a client may take nothing of its answer (SPEC section 4)
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
@@ -68,11 +66,11 @@ EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
 class ServerOptions:
     """What the gateway sets of this protocol, handed to every connection through uvicorn's config."""
 
-    max_header_bytes: int = MAX_HEADER_BYTES
-    header_timeout: float = HEADER_TIMEOUT
+    max_header_bytes: int = DEFAULTS.max_head_bytes
+    header_timeout: float = DEFAULTS.header_timeout
     # a client that takes nothing of its answer for this long is cut (nginx's send_timeout): its
     # call is cancelled, so its concurrency slots and its upstream connection go with it
-    send_timeout: float = SEND_TIMEOUT
+    send_timeout: float = DEFAULTS.send_timeout
     # Asked before the application is entered, about keep-alive requests that expect a body in the
     # answer (not HEAD, no Expect): a whole answer (status, headers, a body its Content-Length
     # frames) is sent at once, with no task and no ASGI messages; None: the application serves it.
