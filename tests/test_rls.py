@@ -623,6 +623,8 @@ def test_native_form_errors(tmp_path: Path) -> None:
                 - key: ip
                   limit: {name: b, algorithm: concurrency, limit: 1}
                 - value: x
+                - key: path
+                  limit: {name: c, algorithm: leaky_bucket, rate: 1/s, burst: 2}
             "bad domain": {descriptors: []}
         """))
     with pytest.raises(ConfigError) as raised:
@@ -631,7 +633,9 @@ def test_native_form_errors(tmp_path: Path) -> None:
     assert any(":7: rls.domains.edge.descriptors[0].limit.by:" in s and "leave out `by`" in s for s in shown), shown
     assert any(":9: rls.domains.edge.descriptors[1].limit.algorithm:" in s for s in shown), shown
     assert any(":10: rls.domains.edge.descriptors[2].key: is required" in s for s in shown), shown
-    assert any(":11: rls.domains.bad domain:" in s for s in shown), shown
+    assert any(":12: rls.domains.edge.descriptors[3].limit.algorithm: leaky_bucket admits a request after a delay"
+               in s for s in shown), shown
+    assert any(":13: rls.domains.bad domain:" in s for s in shown), shown
 
 
 def test_the_schema_takes_both_forms() -> None:

@@ -420,6 +420,11 @@ def _rls_descriptors(node: yaml.Node, key: str, r: _Reader, depth: int) -> list[
                 for unseen in (k for k in rule.unseen_by_a_check if k != "by"):
                     r.problem(_child(found.nodes["limit"], unseen) or item, f"{here}.limit.{unseen}",
                               "needs the upstream's answer, which the rate limit service never sees")
+                if rule.algorithm == Algorithm.LEAKY_BUCKET:
+                    r.problem(_child(found.nodes["limit"], "algorithm") or item, f"{here}.limit.algorithm",
+                              "leaky_bucket admits a request after a delay, and Envoy cannot be told to wait "
+                              "(its rate limit call times out, 20ms by default): use gcra or token_bucket, "
+                              "which refuse at once")
                 entry.rule, entry.limit_name = rule, rule.name
         if "descriptors" in found:
             entry.children = _rls_descriptors(found.nodes["descriptors"], f"{here}.descriptors", r, depth + 1)
