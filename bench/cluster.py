@@ -100,7 +100,8 @@ async def load(url: str, route: RoutePlan, count: int, users: int, concurrency: 
         item = f"item-{i % 50}".encode()
         shard = route.shard_of([user])
         prefixes = route.shard_prefix_keys[shard]
-        keys = [rule_key(prefixes[0], [user]), rule_key(prefixes[1], [item]), rule_key(prefixes[2], [item])]
+        keys = [rule_key(prefixes[0], [user], route.readable[0]), rule_key(prefixes[1], [item], route.readable[1]),
+                rule_key(prefixes[2], [item], route.readable[2])]
         decision = await limiter.decide(route.shard_args[shard], keys, [1, 1, 1])
         assert decision.admitted
 

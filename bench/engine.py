@@ -75,8 +75,8 @@ ROUTE = [
 def route_keys(i: int, users: int, route: str = "shop") -> list[str]:
     """The keys of decision number i: its user's bucket, its item's window and stock. The floor
     has keys of its own (route "floor"): its writes are not the decisions' state."""
-    user = identity_token([f"user-{i % users}".encode()])
-    item = identity_token([f"item-{i % 50}".encode()])
+    user = identity_token([f"user-{i % users}".encode()], False)
+    item = identity_token([f"item-{i % 50}".encode()], True)
     return [state_key("rlgw", route, "user", user), state_key("rlgw", route, "item", item),
             state_key("rlgw", route, "stock", item)]
 
@@ -118,7 +118,7 @@ def floor_us(client: Any, count: int, users: int) -> float:
 
 
 def hot_keys(name: str, i: int, route: str = "hot") -> list[str]:
-    return [state_key("rlgw", route, f"{name}-{n}", identity_token([f"id-{i % 50}".encode()]))
+    return [state_key("rlgw", route, f"{name}-{n}", identity_token([f"id-{i % 50}".encode()], False))
             for n in range(3)]
 
 
@@ -167,7 +167,7 @@ async def fill(url: str, rule: Rule, identities: int) -> None:
     args = [rule_spec(rule)]
     batch = 500
     for start in range(0, identities, batch):
-        calls = [limiter.decide(args, [state_key("rlgw", "api", rule.name, identity_token([f"u{i}".encode()]))],
+        calls = [limiter.decide(args, [state_key("rlgw", "api", rule.name, identity_token([f"u{i}".encode()], False))],
                                 [1]) for i in range(start, min(start + batch, identities))]
         await asyncio.gather(*calls)
     await limiter.close()

@@ -73,8 +73,8 @@ def pin(proc: RedisProcess) -> None:
 
 def route_keys(i: int, user: str = "user") -> list[str]:
     """The keys of decision number i: its user's bucket, its item's window and stock."""
-    who = identity_token([f"{user}-{i % USERS}".encode()])
-    item = identity_token([f"item-{i % 50}".encode()])
+    who = identity_token([f"{user}-{i % USERS}".encode()], False)
+    item = identity_token([f"item-{i % 50}".encode()], True)
     return [state_key("rlgw", "shop", "user", who), state_key("rlgw", "shop", "item", item),
             state_key("rlgw", "shop", "stock", item)]
 
@@ -85,7 +85,7 @@ async def store_overrides(url: str, count: int) -> None:
     batch = 500
     for start in range(0, count, batch):
         await asyncio.gather(*(
-            store.put("shop", "user", identity_token([f"vip-{i}".encode()]), canonical(PLANS[i % 3]), 1_000_000)
+            store.put("shop", "user", identity_token([f"vip-{i}".encode()], False), canonical(PLANS[i % 3]), 1_000_000)
             for i in range(start, min(start + batch, count))))
     await limiter.close()
 
@@ -158,7 +158,7 @@ def main() -> None:
             held, _ = tracemalloc.get_traced_memory()
             tracemalloc.stop()
             store = Store(runtime.limiter, "rlgw")
-            await store.put("shop", "user", identity_token([b"vip-0"]), canonical(PLANS[1]), 1_000_000)
+            await store.put("shop", "user", identity_token([b"vip-0"], False), canonical(PLANS[1]), 1_000_000)
             began = time.perf_counter()
             await overrides.sync(runtime)
             again = time.perf_counter() - began

@@ -266,7 +266,7 @@ def admin_app(control: AdminControl) -> Starlette:
             return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
                                          "or one identity token from the access log or /top")
         else:
-            token = identity_token(values)
+            token = identity_token(values, rule.readable_identity)
         prefix, tags = runtime.redis.key_prefix, shard_tags(route_name, plan.shards)
         split = plan.route.split[index]
         if split:  # a share of the rule in every shard
@@ -515,10 +515,10 @@ def _override_token(request: Request, rule: Rule) -> str | None:
     if _is_token(values, rule):
         return values[0].decode()
     if not rule.by and values in ([], [b""]):
-        return identity_token([])
+        return identity_token([], rule.readable_identity)
     if len(values) != len(rule.by):
         return None
-    return identity_token(values)
+    return identity_token(values, rule.readable_identity)
 
 
 def _whole(text: str) -> bool:

@@ -13,11 +13,14 @@ slot space, so the N tags are evenly spaced over the slots and a cluster whose p
 slot ranges gets N/P of them each (docs/scaling.md).
 
 Route, rule and prefix names are validated by config to `[A-Za-z0-9_.-]`.
-Client-supplied identity parts are kept readable only when every part is short and made of safe
-characters (`[A-Za-z0-9._-]`, no separator, no brace); anything else becomes `~` + a 120-bit
-BLAKE2b digest of the length-prefixed parts; a rule without identity parts gets `~` alone. So no
-two different identities share a key, no client can inject a tag or a separator, and no key is
-longer than a fixed bound.
+Identity parts are kept readable only when the rule reads nothing but the client's address, the
+path and the method (what an access log shows anyway: `Rule.readable_identity`) and every part is
+short and made of safe characters (`[A-Za-z0-9._-]`, no separator, no brace); anything else becomes
+`~` + a 120-bit BLAKE2b digest of the length-prefixed parts; a rule without identity parts gets `~`
+alone. So no two different identities share a key, no client can inject a tag or a separator, no
+key is longer than a fixed bound, and no header, cookie or query value, API key or claim is written
+as it came to a Redis key, the access log or /top: they show the digest, its fingerprint, which the
+admin port takes in place of the value.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ _SAFE = re.compile(rb"^[A-Za-z0-9._-]{1,32}$")
 MAX_READABLE = 48
 
 
-def identity_token(parts: Sequence[bytes]) -> str:
-    """Encode a rule's identity parts into the last segment of its key."""
+def identity_token(parts: Sequence[bytes], readable: bool) -> str:
+    """Encode a rule's identity parts into the last segment of its key; `readable`: the rule's
+    `readable_identity`."""
     if not parts:
         return "~"  # a rule without identity; no readable token and no digest is this short
-    if all(_SAFE.match(p) for p in parts):
+    if readable and all(_SAFE.match(p) for p in parts):
         joined = b":".join(parts)
         if len(joined) <= MAX_READABLE:
             return joined.decode("ascii")
@@ -87,7 +91,7 @@ def shard_tags(route: str, shards: int) -> tuple[str, ...]:
     return tuple(tags)
 
 
-def rule_key(rule_prefix: str, parts: Sequence[bytes]) -> str:
+def rule_key(rule_prefix: str, parts: Sequence[bytes], readable: bool) -> str:
     """A rule's key for one identity, from the rule's `state_key(prefix, route, rule, "")`
-    (computed once per route) and the identity's parts."""
-    return rule_prefix + identity_token(parts)
+    (computed once per route), the identity's parts and the rule's `readable_identity`."""
+    return rule_prefix + identity_token(parts, readable)

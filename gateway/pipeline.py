@@ -232,7 +232,7 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
             keys.append(prefix_keys[i])
             costs.append(None)
             continue
-        key = rule_key(prefix_keys[i], parts)
+        key = rule_key(prefix_keys[i], parts, plan.readable[i])
         if overrides and (found := overridden(overrides, i, key[len(prefix_keys[i]):])) is not None:
             if found.rule is None:  # unlimited: the rule sits out for this identity
                 keys.append(prefix_keys[i])

@@ -21,6 +21,7 @@ class RoutePlan:
     rules: tuple[Rule, ...]
     args: tuple[RuleSpec, ...]
     prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
+    readable: tuple[bool, ...]     # per rule, Rule.readable_identity (gateway/keys.py)
     needs_body: bool
     client: UpstreamClient | None  # None: the middleware, which forwards to the app it wraps
     # shards: N > 1 (gateway.keys): per shard, each rule's spec (its share where split) and key prefix;
@@ -68,6 +69,7 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         rules=route.limits,
         args=shard_args[0],
         prefix_keys=shard_prefix_keys[0],
+        readable=tuple(rule.readable_identity for rule in route.limits),
         needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by) or any(
             rule.reserve_field for rule in route.limits),
         client=client,

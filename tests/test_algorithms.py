@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Rule
-from gateway.keys import MAX_READABLE, identity_token, state_key
 from gateway.limiter import Decision, Outcome
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
 from tests.support.limiter_models import NEVER, Answer, Model, Route, model_for, step_us, window_us
@@ -379,30 +378,6 @@ def test_a_clock_step_backwards_admits_nothing_extra_and_wedges_nothing(
 
 
 # --- keys ------------------------------------------------------------------------------------------
-
-parts_lists = st.lists(st.one_of(st.binary(max_size=40), st.text(max_size=40).map(str.encode),
-                                 st.sampled_from([b"_", b"a", b"a:b", b"~x", b"{x}", b"", b"-", b"." * 33])),
-                       max_size=4)
-
-
-@settings(max_examples=400, deadline=None)
-@given(a=parts_lists, b=parts_lists)
-def test_identity_tokens_never_collide_and_never_inject(a: list[bytes], b: list[bytes]) -> None:
-    ta, tb = identity_token(a), identity_token(b)
-    assert (ta == tb) == (a == b)
-    for token in (ta, tb):
-        assert "{" not in token and "}" not in token
-        assert len(token) <= max(MAX_READABLE, 21)
-        key = state_key("rlgw", "route", "rule", token)
-        assert key.count("{") == 1 and key.count("}") == 1  # the route's hash tag is the only one
-
-
-def test_identity_tokens_stay_readable_when_they_can() -> None:
-    assert identity_token([]) == "~"
-    assert identity_token([b"user-42", b"10.0.0.1"]) == "user-42:10.0.0.1"
-    assert identity_token([b"_"]) != identity_token([])
-    assert identity_token([b"a:b"]) != identity_token([b"a", b"b"])
-    assert identity_token([b"x" * 33]).startswith("~")
 
 
 def test_redis_time_follows_the_clock_to_the_microsecond(engine: Engine) -> None:

@@ -62,7 +62,8 @@ async def _decide(limiter: Limiter, plan: RoutePlan, user: str, item: str = "9")
     """What gateway.pipeline.decide does for this route: the user's shard, its keys, one call."""
     shard = plan.shard_of([user.encode()])
     prefixes = plan.shard_prefix_keys[shard]
-    keys = [rule_key(prefixes[0], [user.encode()]), rule_key(prefixes[1], [item.encode()])]
+    keys = [rule_key(prefixes[0], [user.encode()], plan.readable[0]),
+            rule_key(prefixes[1], [item.encode()], plan.readable[1])]
     return (await limiter.decide(plan.shard_args[shard], keys, [1, 1])).admitted
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from gateway.keys import identity_token
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.ports import free_port
@@ -51,6 +52,11 @@ def upstream_own() -> Iterator[Upstream]:
     upstream.stop()
 
 
+def user_token(user: str) -> str:
+    """The identity token of an X-User value in a key: a digest (a header's value is never kept as it came)."""
+    return identity_token([user.encode()], readable=False)
+
+
 def start(tmp_path: Path, redis_url: str, upstream: Upstream, prefix: str, limit: int = 2,
           lease: str = "60s") -> GatewayProcess:
     text = CONFIG.format(prefix=prefix, upstream=upstream.url, dead=free_port(), limit=limit, lease=lease)
@@ -73,7 +79,7 @@ def test_slots_are_held_while_in_flight_and_given_back(
         tmp_path: Path, redis_proc: RedisProcess, upstream_own: Upstream) -> None:
     prefix = f"c{uuid.uuid4().hex[:8]}"
     gateway = start(tmp_path, redis_proc.url, upstream_own, prefix)
-    key = f"{prefix}:{{work}}:busy:alice"
+    key = f"{prefix}:{{work}}:busy:{user_token('alice')}"
     try:
         def call(user: str, delay: float) -> httpx.Response:
             return httpx.get(gateway.url + "/inflight", params={"delay": delay}, headers={"X-User": user}, timeout=10)
@@ -92,12 +98,12 @@ def test_slots_are_held_while_in_flight_and_given_back(
         # an upstream that fails gives its slot back too
         assert [httpx.get(gateway.url + "/gone", headers={"X-User": "carol"}).status_code for _ in range(3)] \
             == [502] * 3
-        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{gone}}:busy:carol") == 0, timeout=5)
+        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{gone}}:busy:{user_token('carol')}") == 0, timeout=5)
         # a client that leaves mid-request: its slot comes back once the request ends
         with socket.create_connection(("127.0.0.1", gateway.port)) as sock:
             sock.sendall(b"GET /inflight?delay=0.5 HTTP/1.1\r\nHost: a\r\nX-User: dave\r\n\r\n")
-            wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:dave") == 1, timeout=5)
-        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:dave") == 0, timeout=5)
+            wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:{user_token('dave')}") == 1, timeout=5)
+        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:{user_token('dave')}") == 0, timeout=5)
     finally:
         assert gateway.stop() == 0
 
@@ -107,7 +113,7 @@ def test_a_gateway_killed_holding_slots_loses_them_after_the_lease(
     prefix = f"c{uuid.uuid4().hex[:8]}"
     doomed = start(tmp_path, redis_proc.url, upstream_own, prefix, lease="2s")
     other = start(tmp_path, redis_proc.url, upstream_own, prefix, lease="2s")
-    key = f"{prefix}:{{work}}:busy:erin"
+    key = f"{prefix}:{{work}}:busy:{user_token('erin')}"
     pool = ThreadPoolExecutor(2)
     try:
         for _ in range(2):
@@ -146,7 +152,7 @@ def test_racing_gateways_never_let_more_than_the_limit_in(
         assert statuses.count(200) >= 10 and set(statuses) <= {200, 429}
         most = httpx.get(upstream_own.url + "/inflight-max").json()["most"]
         assert 1 <= most <= 10, most  # the upstream never saw more than the limit at once
-        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:all") == 0, timeout=5)
+        wait_until(lambda: slots(redis_proc.url, f"{prefix}:{{work}}:busy:{user_token('all')}") == 0, timeout=5)
     finally:
         codes = [g.stop() for g in gateways]
         assert codes == [0] * len(gateways)
@@ -158,7 +164,7 @@ def test_a_redis_outage_during_a_give_back_never_holds_a_slot_past_its_lease(
     own.start()
     prefix = f"c{uuid.uuid4().hex[:8]}"
     gateway = start(tmp_path, own.url, upstream_own, prefix, limit=1, lease="3s")
-    key = f"{prefix}:{{work}}:busy:frank"
+    key = f"{prefix}:{{work}}:busy:{user_token('frank')}"
     try:
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(httpx.get, gateway.url + "/inflight", params={"delay": 0.6},

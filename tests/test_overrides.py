@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gateway.config import RedisSettings, parse_config
+from gateway.keys import identity_token
 from gateway.limiter import Limiter, rule_spec
 from gateway.overrides import Store, canonical, entry
 from gateway.plan import route_plan
@@ -141,13 +142,15 @@ def test_overrides_per_rule_are_bounded_by_max_overrides(pair: tuple[GatewayProc
         cursor = page["next_cursor"]
         if cursor is None:
             break
-    assert seen == {"u2": {"limit": 10, "window": "1m"}, "u3": body, "u4": body}
+    fp = {user: identity_token([user.encode()], readable=False) for user in ("u2", "u3", "u4")}  # listed by digest
+    assert seen == {fp["u2"]: {"limit": 10, "window": "1m"}, fp["u3"]: body, fp["u4"]: body}
     everything, cursor = [], "0.0"
     while cursor is not None:
         page = httpx.get(f"{a.admin_url}/overrides", params={"limit": 2, "cursor": cursor}).json()
         everything += page["overrides"]
         cursor = page["next_cursor"]
-    assert sorted(item["key"] for item in everything) == ["u2", "u3", "u4"]
+    assert sorted(item["key"] for item in everything) == sorted(fp.values())
+    assert httpx.get(f"{a.admin_url}/overrides/api/user", params={"key": fp["u3"]}).json()["override"] == body
     assert {(item["route"], item["rule"]) for item in everything} == {("api", "user")}
 
 
@@ -252,7 +255,8 @@ def test_an_app_guarded_in_process_applies_the_overrides_of_its_redis(tmp_path: 
 
         async def put() -> None:  # as a gateway's admin port sharing this Redis does
             limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=5.0)))
-            await Store(limiter, prefix).put("orders", "user", "hana", canonical({"limit": 5, "window": "1h"}), 10)
+            hana = identity_token([b"hana"], readable=False)
+            await Store(limiter, prefix).put("orders", "user", hana, canonical({"limit": 5, "window": "1h"}), 10)
             await limiter.close()
 
         asyncio.run(put())

@@ -178,7 +178,8 @@ def test_retry_after_is_honest_in_each_shard(engine: Engine, refusing: str) -> N
         engine.at(at)
         shard = plan.shard_of([user])
         prefixes = plan.shard_prefix_keys[shard]
-        keys = [rule_key(prefixes[0], [user]), rule_key(prefixes[1], []), rule_key(prefixes[2], [b"9"])]
+        keys = [rule_key(prefixes[0], [user], plan.readable[0]), rule_key(prefixes[1], [], plan.readable[1]),
+                rule_key(prefixes[2], [b"9"], plan.readable[2])]
         return engine.loop.run_until_complete(engine.limiter.decide(plan.shard_args[shard], keys, [1, 1, 1]))
 
     for shard, user in sorted(users.items()):

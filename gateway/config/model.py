@@ -81,6 +81,12 @@ class Rule:
         return bool(self.count_on) or self.cost_response_header is not None
 
     @property
+    def readable_identity(self) -> bool:
+        """Whether this rule's identity may be kept as it came (gateway/keys.py): only the client's
+        address, the path and the method, which an access log shows anyway."""
+        return all(source.kind in ("ip", "path", "method") for source in self.by)
+
+    @property
     def unseen_by_a_check(self) -> tuple[str, ...]:
         """The keys of this rule that need what a decision service never sees: the upstream's
         answer, or the request's body (SPEC section 7). Empty: a check port can decide it."""

@@ -74,7 +74,7 @@ class Domain:
         """Rule `index` for the identity `parts` in `shard`, as overridden for it; None when an
         override makes it unlimited."""
         prefix = self.plan.shard_prefix_keys[shard][index] if self.plan.shards > 1 else self.plan.prefix_keys[index]
-        key = rule_key(prefix, parts)
+        key = rule_key(prefix, parts, self.plan.readable[index])
         rule, spec = self.plan.rules[index], (self.whole if whole else self.shares[shard])[index]
         found = overridden(overrides, index, key[len(prefix):]) if overrides else None
         if found is not None:
@@ -92,7 +92,7 @@ class Domain:
         parts = [part.encode() for entry in entries for part in entry]
         parts.append(b"%d" % rule.limit)
         tag = shard_tags(self.plan.route.name, self.plan.shards)[shard]
-        key = state_key(key_prefix, self.plan.route.name, rule.name, identity_token(parts), tag)
+        key = state_key(key_prefix, self.plan.route.name, rule.name, identity_token(parts, readable=False), tag)
         return Counted(rule, rule_spec(rule), key, reported)
 
     def limit_of(self, entries: list[tuple[str, str]]) -> RlsDescriptor | None:
