@@ -17,14 +17,27 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 
-def _read(user: str | None, query_id: str | None, sid: str | None, host: str | None, body: bytes) -> dict[str, Any]:
-    return {"user": user, "id": query_id, "sid": sid, "host": host, "body": body.hex()}
+def _number(path: str) -> str | None:
+    """The number a typed path parameter reads as, the laxest way (Python's int(), as FastAPI's
+    `item_id: int` and Django's int converter take it after the framework decoded the path)."""
+    segment = path.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return str(int(segment))
+    except ValueError:
+        return None
+
+
+def _read(user: str | None, query_id: str | None, sid: str | None, host: str | None, body: bytes,
+          path: str) -> dict[str, Any]:
+    return {"user": user, "id": query_id, "sid": sid, "host": host, "body": body.hex(),
+            "item": _number(path) if path.startswith("/n-") else None}
 
 
 async def starlette_echo(request: Request) -> JSONResponse:
     body = await request.body()
     return JSONResponse(_read(request.headers.get("x-user-id"), request.query_params.get("id"),
-                              request.cookies.get("sid"), request.headers.get("x-forwarded-host"), body))
+                              request.cookies.get("sid"), request.headers.get("x-forwarded-host"), body,
+                              request.scope["path"]))
 
 
 starlette_app = Starlette(routes=[Route("/{rest:path}", starlette_echo, methods=["GET", "POST"])])
@@ -36,7 +49,8 @@ def run_aiohttp(port: int) -> None:
     async def echo(request: web.Request) -> web.Response:
         body = await request.read()
         return web.json_response(_read(request.headers.get("X-User-Id"), request.query.get("id"),
-                                       request.cookies.get("sid"), request.headers.get("X-Forwarded-Host"), body))
+                                       request.cookies.get("sid"), request.headers.get("X-Forwarded-Host"), body,
+                                       request.path))
 
     app = web.Application()
     app.router.add_route("*", "/{rest:.*}", echo)
