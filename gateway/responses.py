@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.types import Send
 
@@ -44,19 +44,35 @@ def most_restrictive(rules: Sequence[Rule], decision: Decision) -> int | None:
     return best
 
 
-_POLICIES: dict[int, tuple[Rule, tuple[bytes, bytes, bytes]]] = {}
+# Kong's per-window legacy headers (X-RateLimit-Remaining-Minute): a window rule whose window is one
+# of these whole units
+_UNITS = {1.0: b"second", 60.0: b"minute", 3600.0: b"hour", 86400.0: b"day"}
+_WINDOWED = frozenset({"fixed_window", "sliding_window", "sliding_log", "quota"})
 
 
-def _policy(rule: Rule) -> tuple[bytes, bytes, bytes]:
-    """What a rule's headers say whatever the state: the draft policy, its name, its quota.
-    Cached by identity (the entry holds the rule, so its id cannot be reused while cached)."""
+class _Policy(NamedTuple):
+    """What a rule's headers say whatever the state."""
+
+    policy: bytes  # its RateLimit-Policy item: "name";q=5;w=60
+    name: bytes    # the start of its RateLimit item: "name";r=
+    quota: bytes   # its X-RateLimit-Limit
+    unit: bytes    # its Kong-style window (minute, ...), or b""
+
+
+_POLICIES: dict[int, tuple[Rule, _Policy]] = {}
+
+
+def _policy(rule: Rule) -> _Policy:
+    """A rule's constant header parts, cached by identity (the entry holds the rule, so its id cannot
+    be reused while cached)."""
     entry = _POLICIES.get(id(rule))
     if entry is not None and entry[0] is rule:
         return entry[1]
     policy = f'"{rule.name}";q={rule.quota_size}'
     if rule.policy_window > 0:
         policy += f";w={math.ceil(rule.policy_window)}"
-    parts = policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode()
+    unit = _UNITS.get(float(rule.policy_window), b"") if str(rule.algorithm) in _WINDOWED else b""
+    parts = _Policy(policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode(), unit)
     if len(_POLICIES) >= 4096:  # rules of configs reloaded away
         _POLICIES.clear()
     _POLICIES[id(rule)] = (rule, parts)
@@ -64,24 +80,39 @@ def _policy(rule: Rule) -> tuple[bytes, bytes, bytes]:
 
 
 def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> Headers:
+    """The rate-limit headers of an answer: every enforced rule the request was counted by, the
+    refusing or most restrictive one first. `draft`: the IETF fields, each a list with an item per
+    rule; `legacy`: X-RateLimit-Limit/-Remaining/-Reset of the first, and Kong's per-window
+    X-RateLimit-Limit-Minute and -Remaining-Minute (second, minute, hour, day) of each window rule."""
     if mode == "none":
         return []
-    index = most_restrictive(rules, decision)
-    if index is None:
+    first = most_restrictive(rules, decision)
+    if first is None:
         return []
-    state = decision.rules[index]
-    policy, name, quota = _policy(rules[index])
-    remaining = b"%d" % max(0, state.remaining)
-    reset = b"%d" % _seconds(state.reset_ms) if state.reset_ms >= 0 else None
+    order = [first, *(i for i, rule in enumerate(rules) if i != first and not rule.shadow)]
+    states = decision.rules
     headers: Headers = []
     if mode != "legacy":  # draft or both
-        headers.append((b"ratelimit-policy", policy))
-        headers.append((b"ratelimit", name + remaining + b";t=" + reset if reset is not None else name + remaining))
+        items = []
+        for i in order:
+            state = states[i]
+            item = _policy(rules[i]).name + b"%d" % max(0, state.remaining)
+            items.append(item + b";t=%d" % _seconds(state.reset_ms) if state.reset_ms >= 0 else item)
+        headers.append((b"ratelimit-policy", b", ".join(_policy(rules[i]).policy for i in order)))
+        headers.append((b"ratelimit", b", ".join(items)))
     if mode != "draft":  # legacy or both
-        headers.append((b"x-ratelimit-limit", quota))
-        headers.append((b"x-ratelimit-remaining", remaining))
-        if reset is not None:
-            headers.append((b"x-ratelimit-reset", reset))
+        state = states[first]
+        headers.append((b"x-ratelimit-limit", _policy(rules[first]).quota))
+        headers.append((b"x-ratelimit-remaining", b"%d" % max(0, state.remaining)))
+        if state.reset_ms >= 0:
+            headers.append((b"x-ratelimit-reset", b"%d" % _seconds(state.reset_ms)))
+        named: set[bytes] = set()
+        for i in sorted(order, key=lambda i: (i != first, states[i].remaining)):  # the least left per unit
+            policy = _policy(rules[i])
+            if policy.unit and policy.unit not in named:
+                named.add(policy.unit)
+                headers.append((b"x-ratelimit-limit-" + policy.unit, policy.quota))
+                headers.append((b"x-ratelimit-remaining-" + policy.unit, b"%d" % max(0, states[i].remaining)))
     return headers
 
 

@@ -29,10 +29,11 @@ import pytest
 from redis.crc import key_slot
 
 from gateway.keys import state_key
+from gateway.units import parse_duration
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.orphans import dies_with_the_suite
-from tests.support.patience import within
+from tests.support.patience import factor, within
 from tests.support.redis_proc import RedisProcess
 from tests.support.sentinel import Sentinel, sentinel_topology
 from tests.support.upstream import Upstream
@@ -209,7 +210,10 @@ def _report(what: str, took: float) -> None:
 ])
 def test_limits_apply_again_under_load_after_a_fault(
         fault: str, timeout: str, workers: int, redis: RedisProcess, upstream: Upstream, tmp_path: Path) -> None:
-    gateway = _gateway(_config(upstream, timeout), tmp_path, redis.url, workers)
+    # redis.timeout is a time limit too: a 20 ms budget on a machine giving the test half its CPU is
+    # 40 ms of a quiet one (tests/support/patience.py)
+    budget = f"{round(parse_duration(timeout) * 1000 * factor())}ms"
+    gateway = _gateway(_config(upstream, budget), tmp_path, redis.url, workers)
     try:
         faults = {"restart": _restart, "sigstop": _stop_and_continue, "script flush": _flush}
         took = _recovery(gateway, faults[fault](redis), expect_outage=fault != "script flush")

@@ -181,7 +181,8 @@ def test_refusal_is_problem_json_with_honest_retry_after(client: httpx.Client) -
     # one token per minute: the honest wait is just under 60 s (the first token was taken first)
     assert 55_000 < int(body["retry_after_ms"]) <= 60_000  # type: ignore[call-overload]
     assert refused.headers["retry-after"] == str(-(-int(body["retry_after_ms"]) // 1000))  # type: ignore[call-overload]
-    assert refused.headers["ratelimit-policy"] == '"user";q=3;w=180'
+    # the refusing rule first, then every other rule the request was counted by (the fields are lists)
+    assert refused.headers["ratelimit-policy"] == '"user";q=3;w=180, "stock";q=5, "dedupe";q=1;w=60'
     assert refused.headers["ratelimit"].startswith('"user";r=0;t=')
 
 
@@ -190,7 +191,7 @@ def test_admitted_response_names_most_restrictive_rule(client: httpx.Client) -> 
     response = client.post(f"/echo/seckill/{item}", headers={"X-User-Id": uuid.uuid4().hex}, content="x")
     assert response.status_code == 200
     # dedupe (1 per window) is used up: it is the most restrictive rule now
-    assert response.headers["ratelimit-policy"] == '"dedupe";q=1;w=60'
+    assert response.headers["ratelimit-policy"] == '"dedupe";q=1;w=60, "user";q=3;w=180, "stock";q=5'
     assert response.headers["ratelimit"].startswith('"dedupe";r=0;t=')
 
 

@@ -98,7 +98,7 @@ async def admitted_then_refused(runtime: Runtime) -> None:
     first = await run(runtime, order(b"alice", b"a"))
     assert isinstance(first, Admit) and first.outcome is RequestOutcome.ADMITTED
     assert first.body_prefix == b"a" and not first.more_body  # read for the body identity: forwarded first
-    assert (b"ratelimit-policy", b'"dedupe";q=1;w=3600') in first.headers
+    assert (b"ratelimit-policy", b'"dedupe";q=1;w=3600, "user";q=2;w=3600') in first.headers
     duplicate = await run(runtime, order(b"alice", b"a"))
     assert isinstance(duplicate, Answer) and (duplicate.status, duplicate.rule) == (409, "dedupe")
     assert duplicate.outcome is RequestOutcome.REFUSED and duplicate.request_id == b"rid-1"
