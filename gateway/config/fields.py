@@ -272,8 +272,10 @@ FIELDS: tuple[Field, ...] = (
        f"consumes nothing. At most {MAX_RULES} rules.", default=()),
     _f((DEFAULTS, ROUTE), "failure_mode", Choice(FAILURE_MODES), "Redis unavailable: open forwards "
        "unlimited, closed answers 503 + Retry-After.", default="open"),
-    _f((DEFAULTS, ROUTE), "headers", Choice(HEADER_MODES), "Rate-limit headers: draft (IETF RateLimit), "
-       "legacy (X-RateLimit-*), both or none.", default="draft"),
+    _f((DEFAULTS, ROUTE), "headers", Choice(HEADER_MODES), "Rate-limit headers: draft (IETF RateLimit-Policy "
+       "and RateLimit, each a list with every rule the request was counted by, the refusing or most restrictive "
+       "first), legacy (X-RateLimit-Limit, -Remaining, -Reset of that rule, and Kong's -Limit-Minute, "
+       "-Remaining-Minute per whole second, minute, hour or day window), both or none.", default="draft"),
     _f(ROUTE, "websocket", Boolean(), "true: a WebSocket handshake (GET with Upgrade: websocket) is decided "
        "like any request and, if the upstream answers 101, tunneled both ways; false: every Upgrade is a 501.",
        default=False),
