@@ -50,7 +50,7 @@ from starlette.routing import Route
 from gateway import metrics
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
-from gateway.keys import identity_token, shard_tags, state_key
+from gateway.keys import identity_token
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.responses import problem
@@ -153,6 +153,8 @@ def is_loopback_host(host: str) -> bool:
 
 def rule_parameters(rule: Rule) -> dict[str, Any]:
     out: dict[str, Any] = {"name": rule.name, "algorithm": rule.algorithm, "by": [str(s) for s in rule.by]}
+    if rule.shared:
+        out["shared"] = True
     if rule.algorithm in BUCKET_ALGORITHMS:
         out["rate_per_second"] = rule.rate
         out["burst"] = rule.burst
@@ -267,14 +269,13 @@ def admin_app(control: AdminControl) -> Starlette:
                                          "or one identity token from the access log or /top")
         else:
             token = identity_token(values, rule.readable_identity)
-        prefix, tags = runtime.redis.key_prefix, shard_tags(route_name, plan.shards)
         split = plan.route.split[index]
         if split:  # a share of the rule in every shard
             shards = list(range(plan.shards))
         else:  # one shard: the one the first rule's identity, read from this key's, picks
             first = plan.rules[0].by
             shards = [plan.shard_of([values[rule.by.index(s)] for s in first])] if plan.shards > 1 else [0]
-        keys = [state_key(prefix, route_name, rule_name, token, tags[shard]) for shard in shards]
+        keys = [plan.shard_prefix_keys[shard][index] + token for shard in shards]
         # this identity's override, as this worker applies it (gateway/overrides.py)
         override = overridden(runtime.overrides.get(route_name), index, token)
         specs = override.specs if override is not None and override.rule is not None else None
@@ -393,6 +394,9 @@ def admin_app(control: AdminControl) -> Starlette:
         where: dict[str, Any] = {"route": route_name, "rule": rule_name}
         if request.method == "GET" and "key" not in request.query_params:
             return await _override_page(store, where, request)
+        if request.method == "PUT" and rule.shared:  # kept per route, it would give one counter two limits
+            return problem_response(409, f"rule {rule_name!r} is a shared rule, one counter for every route "
+                                         "that uses it: its numbers are the file's for every identity", **where)
         token = _override_token(request, rule)
         if token is None:
             sources = ", ".join(str(s) for s in rule.by) or "none: give key= empty"

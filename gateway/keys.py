@@ -2,8 +2,13 @@
 
     <prefix>:{<route>}:<rule>:<identity>                      shards: 1 (the default)
     <prefix>:{<route>:<shard>:<salt>}:<rule>:<identity>       shards: N > 1, shard in 0..N-1
+    <prefix>:{~shared}:<rule>:<identity>                      a rule of `shared:`, wherever it is used
+    <prefix>:{~shared}:<route>/<rule>:<identity>              the own rules of a route that uses one
 
-The hash tag puts every key of one decision in one Cluster slot, so the one script call works on
+A shared rule keeps one counter for every route that names it, so its keys cannot carry a route's
+tag; a route that uses one moves its own rules' keys under the same `{~shared}` tag (`~` is in no
+route's name), so its decision is still one script call in one slot. The hash tag puts every key of
+one decision in one Cluster slot, so the one script call works on
 Redis Cluster. A sharded route has N tags, one per shard; a request's shard is `shard_of()` of its
 first rule's identity parts: BLAKE2b-64 (personalised `rlgw-shard`) of the length-prefixed parts,
 read big-endian, modulo N. It depends on nothing but the bytes (not on Python's hash(), the process,
@@ -52,6 +57,15 @@ def identity_token(parts: Sequence[bytes], readable: bool) -> str:
         digest.update(len(part).to_bytes(4, "big"))
         digest.update(part)
     return "~" + base64.urlsafe_b64encode(digest.digest()).decode("ascii")
+
+
+SHARED_TAG = "~shared"
+
+
+def rule_segment(route: str, rule: str, shared: bool, route_uses_shared: bool) -> str:
+    """A rule's segment of its keys (see above): its own name, or `<route>/<rule>` for a route's own
+    rule beside shared ones under the one `{~shared}` tag."""
+    return f"{route}/{rule}" if route_uses_shared and not shared else rule
 
 
 def state_key(prefix: str, route: str, rule: str, token: str, tag: str | None = None) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.config import Route, Rule
-from gateway.keys import shard_of, shard_tags, state_key
+from gateway.keys import SHARED_TAG, rule_segment, shard_of, shard_tags, state_key
 from gateway.limiter import RuleSpec, rule_spec
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ class RoutePlan:
 
 def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> RoutePlan:
     shards = route.shards
-    tags = shard_tags(route.name, shards)
+    uses_shared = any(rule.shared for rule in route.limits)
+    tags = (SHARED_TAG,) if uses_shared else shard_tags(route.name, shards)
     split = route.split
     shared: dict[tuple[RuleSpec, ...], tuple[RuleSpec, ...]] = {}  # N shards, at most rules + 1 kinds
     shard_args = []
@@ -62,7 +63,8 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
                       for rule, cut in zip(route.limits, split, strict=True))
         shard_args.append(shared.setdefault(specs, specs))
     shard_prefix_keys = tuple(
-        tuple(state_key(key_prefix, route.name, rule.name, "", tag) for rule in route.limits) for tag in tags
+        tuple(state_key(key_prefix, route.name, rule_segment(route.name, rule.name, rule.shared, uses_shared), "", tag)
+              for rule in route.limits) for tag in tags
     )
     return RoutePlan(
         route=route,

@@ -51,6 +51,7 @@ class Place(StrEnum):
     ROUTE = "route"
     MATCH = "match"
     RULE = "rule"
+    USE = "use"
     RLS = "rls"
     RLS_DOMAIN = "rls_domain"
     RLS_DESCRIPTOR = "rls_descriptor"
@@ -78,6 +79,8 @@ PLACES: dict[Place, str] = {
                           "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
                 "consumes nothing.",
+    Place.USE: "`routes[].limits: [{use: NAME}]` a rule of the top-level `shared:` list, in place of one of the "
+               "route's own: ONE counter wherever it is used (docs/scaling.md: where its keys live).",
 }
 
 
@@ -170,6 +173,9 @@ FIELDS: tuple[Field, ...] = (
        default=()),
     _f(TOP, "upstreams", Named(UPSTREAM), "Named upstreams the routes forward to.",
        required="(at least one upstream)", proxy_only=True),
+    _f(TOP, "shared", ListOf(Section(RULE), MAX_RULES), "Rules several routes use by name ({use: NAME} in their "
+       "limits), each keeping one counter wherever it is used, as nginx's limit_req_zone used by several "
+       "locations."),
     _f(TOP, "routes", ListOf(Section(ROUTE)), "Tried in file order; the first match wins.",
        required="(at least one route)"),
     _f(TOP, "jwt", Section(JWT), "How jwt:CLAIM identities are verified."),
@@ -302,6 +308,7 @@ FIELDS: tuple[Field, ...] = (
        "trusted_proxies). Not met: the next route is tried.", default=None),
 
     _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
+    _f(Place.USE, "use", Name(), "The name of a rule of `shared:`; alone in its mapping.", required=""),
     _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",
        required="([] for one shared key)"),
     _f(RULE, "algorithm", Choice(ALGORITHMS), "How the rule counts (README: the algorithms).", required=""),

@@ -13,7 +13,7 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,6 +99,7 @@ class _Reader:
         self.file = file
         self.env = env
         self.problems: list[ConfigProblem] = []
+        self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -304,7 +305,10 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
             settings.update(r.read(found, place.value, place) if found else {})
     if "admin_token" in settings:
         settings["admin_token"] = settings["admin_token"] or None
+    settings.pop("shared", None)
     upstreams = _upstreams(top, r)
+    if "shared" in top:
+        r.shared = _shared(top.nodes["shared"], r, jwt)
     routes = _routes(top, r, upstreams, defaults, jwt)
     rls_files: list[str] = []
     rls = _rls(top.nodes["rls"], r, defaults, {route.name for route in routes}, rls_files) if "rls" in top else ()
@@ -504,6 +508,41 @@ def _tls(node: yaml.Node, key: str, r: _Reader) -> UpstreamTls | None:
     return UpstreamTls(**values)
 
 
+def _shared(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> dict[str, Rule]:
+    """`shared:` rules several routes name ({use: NAME}): one counter wherever used."""
+    out: dict[str, Rule] = {}
+    for i, item in enumerate(r.sequence(node, "shared") or []):
+        if i == MAX_RULES:
+            r.problem(item, f"shared[{i}]", f"at most {MAX_RULES} shared rules")
+        rule = _rule(item, f"shared[{i}]", r, [], jwt)
+        if rule is None:
+            continue
+        where = f"shared[{i}]({rule.name})"
+        if rule.name in out:
+            r.problem(item, f"{where}.name", f"shared rule '{rule.name}' is defined twice")
+        if rule.settles or rule.algorithm == Algorithm.CONCURRENCY:
+            r.problem(item, where, "a shared rule is counted at admission only: counting by the answer, "
+                                   "refunds, token budgets and concurrency slots belong to one route's rules")
+        out[rule.name] = replace(rule, shared=True)
+    return out
+
+
+def _use(node: yaml.Node, key: str, r: _Reader) -> Rule | None:
+    """`{use: NAME}` in a route's limits: the shared rule NAME."""
+    found = r.section(node, key, Place.USE)
+    if found is None or found.missing:
+        return None
+    name = r.read(found, key, Place.USE).get("use")
+    if name is None:
+        return None
+    rule = r.shared.get(name)
+    if rule is None:
+        near = difflib.get_close_matches(name, sorted(r.shared), n=1)
+        known = f" (did you mean {near[0]}?)" if near else f" (shared: {', '.join(sorted(r.shared)) or 'none'})"
+        r.problem(found.nodes["use"], f"{key}.use", f"no shared rule named {name!r}{known}")
+    return rule
+
+
 def _routes(
     top: Found, r: _Reader, upstreams: dict[str, Upstream], defaults: dict[str, str], jwt: JwtSettings
 ) -> tuple[Route, ...]:
@@ -554,6 +593,9 @@ def _route(
     rules, rule_nodes = _rules(found, key, r, path_params(path), jwt)
     if values.get("shards", 1) > 1:
         _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
+        if any(rule.shared for rule in rules):
+            r.problem(found.nodes["shards"], f"{key}.shards", "a route that uses a shared rule keeps its keys "
+                                                              "with that rule's, in one hash tag: it cannot be sharded")
     if values.get("websocket") and upstream is not None and upstream.http2:
         r.problem(found.nodes["websocket"], f"{key}.websocket",
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
@@ -637,7 +679,8 @@ def _rules(
     for j, node in enumerate(r.sequence(route.nodes["limits"], f"{key}.limits") or []):
         if j == MAX_RULES:
             r.problem(node, f"{key}.limits[{j}]", f"a route holds at most {MAX_RULES} rules")
-        rule = _rule(node, f"{key}.limits[{j}]", r, params, jwt)
+        uses = isinstance(node, yaml.MappingNode) and any(k.value == "use" for k, _ in node.value)
+        rule = _use(node, f"{key}.limits[{j}]", r) if uses else _rule(node, f"{key}.limits[{j}]", r, params, jwt)
         if rule is None:
             continue
         if rule.name in names:

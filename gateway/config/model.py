@@ -71,6 +71,7 @@ class Rule:
     reserve_field: tuple[str, ...] | None = None   # a token budget: charged at admission from this request JSON path
     settle_field: tuple[str, ...] | None = None    # ... settled to this path of the answer's JSON or SSE
     max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
+    shared: bool = False                           # a rule of `shared:`: one counter in every route using it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))

@@ -68,7 +68,9 @@ def _place(place: Place) -> Schema:
 
 def _field(f: Field) -> Schema:
     out: Schema = {"description": f.doc, **f.kind.schema()}
-    if (f.places, f.key) == ((Place.ROUTE,), "limits"):
+    if (f.places, f.key) == ((Place.ROUTE,), "limits"):  # a rule of its own, or {use: NAME}
+        out["items"] = {"anyOf": [{"allOf": [out["items"], {"required": ["by"]}]}, {"$ref": "#/$defs/use"}]}
+    elif (f.places, f.key) == ((Place.TOP,), "shared"):
         out["items"] = {"allOf": [out["items"], {"required": ["by"]}]}
     elif (f.places, f.key) == ((Place.RLS_DESCRIPTOR,), "limit"):
         out = {"description": f.doc, "allOf": [f.kind.schema(), {"not": {"required": ["by"]}}]}
