@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.admitted import Admitted
+from gateway.caller_usage import usage_answer
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.outcome import GONE, Admit, Answer, Limits, RequestOutcome
 from gateway.pipeline import decide, decide_now
@@ -56,7 +57,10 @@ class ProxyEndpoint:
             else:
                 request_id = request_id_for(result.request.request_id)
                 async with Admitted(runtime, result) as after:
-                    if not after.settles and not result.request.upgrade:  # the common case, directly
+                    if result.plan.route.respond is not None:  # respond: usage, answered here
+                        status, headers, body = await usage_answer(runtime, result)
+                        status = await _reply(send, (status, [*result.headers, *headers], body), request_id)
+                    elif not after.settles and not result.request.upgrade:  # the common case, directly
                         status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout,
                                                       None)
                     else:

@@ -39,6 +39,7 @@ from pathlib import Path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.admitted import Admitted
+from gateway.caller_usage import usage_answer
 from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError, RedisUnavailable
@@ -95,6 +96,10 @@ class RateLimitMiddleware:
                 await send_answer(send, (result.status, result.headers, result.body))
             return
         async with Admitted(runtime, result) as after:  # slots held while the app answers, the delay waited
+            if result.plan.route.respond is not None:  # respond: usage, answered here, not by the app
+                status, headers, body = await usage_answer(runtime, result)
+                after.status = await send_answer(send, (status, [*result.headers, *headers], body))
+                return
             if result.body_prefix is not None and result.request.has_body:
                 receive = _replay(result.body_prefix, result.more_body, receive)
             if result.headers:

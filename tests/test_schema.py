@@ -186,6 +186,7 @@ ENUMS = [
     (("jwt", "algorithms"), Place.JWT),
     (("check", "convention"), Place.CHECK),
     (("routes", 0, "match", "path_case"), Place.MATCH),
+    (("routes", 0, "respond"), Place.ROUTE),
 ]
 
 
@@ -219,6 +220,8 @@ def test_every_enumeration_matches_the_loader(where: tuple[str | int, ...], plac
             good["jwt"]["public_key"] = "-----BEGIN PUBLIC KEY-----"
         if key == "algorithm":
             good = with_change(where[:-1], {"name": "l", "by": [], "algorithm": choice, **EXAMPLE_PARAMS[choice]})
+        if key == "respond":  # a route the gateway answers has no upstream
+            del good["routes"][0]["upstream"]
         assert loader_problems(good) == [], choice
         assert schema_errors(good) == [], choice
 

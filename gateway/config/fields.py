@@ -282,6 +282,11 @@ FIELDS: tuple[Field, ...] = (
        "and RateLimit, each a list with every rule the request was counted by, the refusing or most restrictive "
        "first), legacy (X-RateLimit-Limit, -Remaining, -Reset of that rule, and Kong's -Limit-Minute, "
        "-Remaining-Minute per whole second, minute, hour or day window), both or none.", default="draft"),
+    _f(ROUTE, "respond", Choice(("usage",)), "usage: the route has no upstream and answers, for the caller as "
+       "its request identifies it, every rule of the routes in usage_of it is counted by: limit, remaining and "
+       "reset, as JSON (GitHub's GET /rate_limit). It charges nothing but its own limits."),
+    _f(ROUTE, "usage_of", ListOf(Name()), "The routes a respond: usage route reports (default: every route with "
+       "limits)."),
     _f(ROUTE, "websocket", Boolean(), "true: a WebSocket handshake (GET with Upgrade: websocket) is decided "
        "like any request and, if the upstream answers 101, tunneled both ways; false: every Upgrade is a 501.",
        default=False),

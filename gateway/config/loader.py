@@ -551,6 +551,7 @@ def _routes(
     out: list[Route] = []
     names: set[str] = set()
     takes_all: tuple[str, int] | None = None  # a route before that takes every request: (name, line)
+    placed: list[tuple[int, yaml.Node]] = []  # each route's index and node
     for i, item in enumerate(r.sequence(top.nodes["routes"], "routes") or []):
         route = _route(item, f"routes[{i}]", r, upstreams, defaults, jwt)
         if route is None:
@@ -565,6 +566,13 @@ def _routes(
             takes_all = (route.name, item.start_mark.line + 1)
         names.add(route.name)
         out.append(route)
+        placed.append((i, item))
+    for route, (i, item) in zip(out, placed, strict=True):  # usage_of names routes of this file
+        for name in route.usage_of:
+            if name not in names:
+                near = difflib.get_close_matches(name, sorted(names), n=1)
+                r.problem(_child(item, "usage_of"), f"routes[{i}]({route.name}).usage_of",
+                          f"no route named {name!r}" + (f" (did you mean {near[0]}?)" if near else ""))
     return tuple(out)
 
 
@@ -578,13 +586,24 @@ def _route(
     node: yaml.Node, key: str, r: _Reader, upstreams: dict[str, Upstream], defaults: dict[str, str],
     jwt: JwtSettings,
 ) -> Route | None:
-    found = r.section(node, key, Place.ROUTE)
-    if found is None or found.missing:
+    found = r.section(node, key, Place.ROUTE, require=False)
+    if found is None:
+        return None
+    answers_itself = "respond" in found  # no upstream: the gateway answers (respond: usage)
+    r.require(found, key, Place.ROUTE, only=[k for k in keys(Place.ROUTE) if not (answers_itself and k == "upstream")])
+    if found.missing:
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
     key = f"{key}({name})" if name else key
     values = {**defaults, **r.read(found, key, Place.ROUTE, skip=["name"])}
     path, methods, host, when, path_case = _match(found.nodes["match"], f"{key}.match", r, jwt)
+    if "usage_of" in values:
+        values["usage_of"] = tuple(values["usage_of"])
+        if not answers_itself:
+            r.problem(found.nodes["usage_of"], f"{key}.usage_of", "only a respond: usage route reports usage")
+    if answers_itself and "upstream" in found:
+        r.problem(found.nodes["upstream"], f"{key}.upstream", "a respond: usage route answers itself: it has no "
+                                                              "upstream")
     upstream_name: str | None = values.pop("upstream", None)
     upstream = upstreams.get(upstream_name or "")
     if upstream is None and upstream_name is not None:
@@ -599,7 +618,7 @@ def _route(
     if values.get("websocket") and upstream is not None and upstream.http2:
         r.problem(found.nodes["websocket"], f"{key}.websocket",
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
-    if name is None or (upstream is None and r.proxy):
+    if name is None or (upstream is None and r.proxy and not answers_itself):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
                  when=when, path_case=path_case, **values)

@@ -160,6 +160,8 @@ class Route:
     websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
     websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
     when: Conditions = Conditions()            # match: headers, jwt, client
+    respond: str | None = None                 # "usage": answered by the gateway (gateway/caller_usage.py)
+    usage_of: tuple[str, ...] = ()             # ... with these routes' rules (empty: every limited route)
     path_case: str = default(P.MATCH, "path_case")  # "insensitive": the template matches in any case
 
     @property

@@ -63,6 +63,10 @@ def _place(place: Place) -> Schema:
     out["properties"] = {f.key: _field(f) for f in fields(place)}
     if place is Place.RULE:
         out["allOf"] = [_algorithm(a) for a in Algorithm]
+    if place is Place.ROUTE:  # a respond: usage route answers itself, with no upstream
+        out["required"] = [key for key in out["required"] if key != "upstream"]
+        out["if"] = {"not": {"required": ["respond"]}}
+        out["then"] = {"required": ["upstream"]}
     return out
 
 

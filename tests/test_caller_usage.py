@@ -1,0 +1,162 @@
+"""`respond: usage` (gateway/caller_usage.py, issue 30): the caller's own usage of every rule it is
+counted by, read in one script call that charges nothing, through the proxy and the middleware."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.config import parse_config
+from gateway.errors import ConfigError
+from tests.support.gateway_proc import GatewayProcess
+from tests.support.redis_proc import RedisProcess
+from tests.support.upstream import Upstream
+
+CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit, methods: [GET]}}
+    respond: usage
+    limits: [{{name: polls, by: [ip], algorithm: fixed_window, limit: 100, window: 1m}}]
+  - name: search
+    match: {{path: "/echo/search"}}
+    upstream: up
+    limits:
+      - {{name: per-key, by: ["header:X-Api-Key"], algorithm: quota, limit: 10, period: 1d}}
+      - {{name: per-ip, by: [ip], algorithm: token_bucket, rate: 1/s, burst: 50}}
+  - name: orders
+    match: {{path: "/echo/orders/{{item}}"}}
+    upstream: up
+    limits:
+      - {{name: per-key, by: ["header:X-Api-Key"], algorithm: sliding_window, limit: 5, window: 1h}}
+      - {{name: stock, by: ["path:item"], algorithm: quota, limit: 3}}
+  - name: only-search
+    match: {{path: /rate_limit/search}}
+    respond: usage
+    usage_of: [search]
+"""
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> Iterator[GatewayProcess]:
+    proc = GatewayProcess(CONFIG.format(prefix=f"u{uuid.uuid4().hex[:8]}", upstream=upstream.url), tmp_path,
+                          redis_url=redis_proc.url)
+    proc.start()
+    yield proc
+    assert proc.stop() == 0
+
+
+Usage = dict[tuple[str, str], dict[str, Any]]
+
+
+def _usage(client: httpx.Client, path: str = "/rate_limit", key: str | None = None) -> Usage:
+    answer = client.get(path, headers={"X-Api-Key": key} if key else {})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+    return {(row["route"], row["rule"]): row for row in answer.json()["usage"]}
+
+
+def test_the_callers_usage_of_every_rule_it_is_counted_by_charging_nothing(gateway: GatewayProcess) -> None:
+    key = "k-" + uuid.uuid4().hex
+    with httpx.Client(base_url=gateway.url) as client:
+        for _ in range(3):
+            assert client.get("/echo/search", headers={"X-Api-Key": key}).status_code == 200
+        assert client.post("/echo/orders/1", headers={"X-Api-Key": key}).status_code == 200
+        seen = _usage(client, key=key)
+        # its key's rules and its address's; the stock rule's identity (an item) is not in this request
+        assert set(seen) == {("search", "per-key"), ("search", "per-ip"), ("orders", "per-key")}
+        assert (seen["search", "per-key"]["limit"], seen["search", "per-key"]["remaining"]) == (10, 7)
+        assert 0 < seen["search", "per-key"]["reset_ms"] <= 86_400_000
+        assert (seen["orders", "per-key"]["limit"], seen["orders", "per-key"]["remaining"]) == (5, 4)
+        assert seen["search", "per-ip"]["limit"] == 50
+        again = _usage(client, key=key)  # reading charged nothing
+        assert again["search", "per-key"]["remaining"] == 7 and again["orders", "per-key"]["remaining"] == 4
+        # without a key: the address's rules only
+        assert set(_usage(client)) == {("search", "per-ip")}
+        # usage_of: the routes it names
+        assert set(_usage(client, "/rate_limit/search", key)) == {("search", "per-key"), ("search", "per-ip")}
+        # its own limits count: polls are limited like any route
+        answer = client.get("/rate_limit")
+        assert answer.headers["ratelimit-policy"].startswith('"polls"')
+        assert client.post("/rate_limit").status_code == 405  # GET only, as its match says
+
+
+def test_a_usage_route_names_routes_of_the_file_and_has_no_upstream() -> None:
+    text = textwrap.dedent("""\
+        version: 1
+        upstreams: {up: {url: "http://u:1"}}
+        routes:
+          - name: usage
+            match: {path: /rate_limit}
+            respond: usage
+            upstream: up
+            usage_of: [serch]
+          - name: search
+            match: {path: /search}
+            upstream: up
+            usage_of: [usage]
+            limits: [{name: ip, by: [ip], algorithm: gcra, rate: 1/s, burst: 1}]
+        """)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text, "routes.yaml", {})
+    shown = [str(p) for p in raised.value.problems]
+    assert any(":7: routes[0](usage).upstream: a respond: usage route answers itself" in s for s in shown), shown
+    assert any(":8: routes[0](usage).usage_of: no route named 'serch' (did you mean search?)" in s
+               for s in shown), shown
+    assert any(":12: routes[1](search).usage_of: only a respond: usage route reports usage" in s for s in shown), shown
+
+
+MIDDLEWARE_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit}}
+    respond: usage
+  - name: api
+    match: {{path: /api}}
+    limits: [{{name: per-user, by: ["header:X-User"], algorithm: fixed_window, limit: 4, window: 1h}}]
+"""
+
+
+def test_the_middleware_answers_usage_itself(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    import asyncio
+
+    from starlette.types import Receive, Scope, Send
+
+    from gateway import RateLimitMiddleware
+
+    called: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        called.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"app"})
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(MIDDLEWARE_CONFIG.format(prefix=f"m{uuid.uuid4().hex[:8]}"))
+
+    async def main() -> dict[str, Any]:
+        guarded = RateLimitMiddleware(app, config=str(config), redis_url=redis_proc.url)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded), base_url="http://app") as client:
+                for _ in range(3):
+                    assert (await client.get("/api", headers={"X-User": "ann"})).text == "app"
+                answer = await client.get("/rate_limit", headers={"X-User": "ann"})
+                assert answer.status_code == 200
+                return dict(answer.json())
+        finally:
+            await guarded.close()
+
+    usage = asyncio.run(main())
+    assert usage == {"usage": [{"route": "api", "rule": "per-user", "limit": 4, "remaining": 1,
+                                "reset_ms": usage["usage"][0]["reset_ms"]}]}
+    assert called == ["/api"] * 3  # the app never saw the usage request
