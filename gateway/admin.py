@@ -164,7 +164,9 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
     else:
         out["limit"] = rule.limit
         key = "period_seconds" if rule.algorithm == "quota" else "window_seconds"
-        if rule.window or rule.algorithm != "quota":
+        if rule.calendar_period is not None:  # a day, week or month of a time zone (gateway/calendars.py)
+            out[key.removesuffix("_seconds")], out["calendar"] = rule.calendar_period, rule.calendar
+        elif rule.window or rule.algorithm != "quota":
             out[key] = rule.window
     out["cost"] = f"header:{rule.cost_header}" if rule.cost_header else rule.cost
     if rule.cost_header:

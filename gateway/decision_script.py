@@ -15,6 +15,7 @@ import struct
 from string import Template
 from typing import NamedTuple
 
+from gateway.calendars import KINDS, LONGEST_EXTRA, NOMINAL, offset_tree
 from gateway.config import BUCKET_ALGORITHMS, MAX_RULES, Rule, shard_share
 from gateway.scripts import Script, read_script
 
@@ -35,6 +36,7 @@ class RuleSpec(NamedTuple):
     charge: bool = True   # an admission writes; False: checked now, charged after the answer
     force: bool = False   # the settling script: the cost is taken (or given back) whatever the room
     base: RuleSpec | None = None  # an override's: the file's spec (above)
+    calendar: str = ""    # a calendar period, "month@Europe/Berlin" (gateway/calendars.py); p2 is its longest
 
     def settling(self) -> RuleSpec:
         """This rule in the script that charges and refunds after the answer."""
@@ -52,6 +54,10 @@ def rule_spec(rule: Rule, shards: int = 1, shard: int = 0) -> RuleSpec:
         # whole microseconds, rounded up: never more than the rate (nor, summed, than the rule's)
         step = max(1, math.ceil(float(repr(1_000_000 * shards / rule.rate)) - 1e-6))
         return RuleSpec(rule.algorithm, shard_share(rule.burst, shards, shard), step, rule.shadow, charge)
+    if rule.calendar_period is not None:
+        longest = (NOMINAL[rule.calendar_period] + LONGEST_EXTRA) * 1_000_000
+        return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), longest, rule.shadow, charge,
+                        calendar=f"{rule.calendar_period}@{rule.calendar}")
     return RuleSpec(rule.algorithm, shard_share(rule.limit, shards, shard), round(rule.window * 1_000_000),
                     rule.shadow, charge)
 
@@ -133,13 +139,17 @@ def write_script(specs: tuple[RuleSpec, ...], peek: bool, overridden: frozenset[
     )]
     if any(spec.algorithm == "sliding_window" for spec in specs):
         parts.append(FRAGMENTS["locals_sliding_window"].substitute())
+    calendars = {c: k for k, c in enumerate(dict.fromkeys(spec.calendar for spec in specs if spec.calendar))}
+    for calendar, k in calendars.items():
+        period, zone = calendar.split("@", 1)
+        parts.append(FRAGMENTS["calendar"].substitute(c=k, kind=KINDS[period], offsets=offset_tree(zone)))
     at_param: dict[int, int] = {}  # rule -> where its numbers start in P
     if overridden:
         parts.append(FRAGMENTS["override_params"].substitute(format="<" + "d" * (PARAMS * len(overridden))))
         at_param = {j: PARAMS * k for k, j in enumerate(sorted(overridden))}
     for i, (spec, (at0, radix), most) in enumerate(zip(specs, slots, mosts, strict=True), start=1):
         given = _given(at_param.get(i - 1))
-        parts.append(_rule(i, spec, peek_lua, n, given))
+        parts.append(_rule(i, spec, peek_lua, n, given, calendars))
         parts.append(_verdict(i, spec, given.get("most", most), at0 + 1, radix))
     if not peek:
         repairs = [w for i, spec in enumerate(specs, start=1) if (w := _repair(i, spec))]
@@ -240,7 +250,8 @@ def override_params(spec: RuleSpec) -> tuple[int, int, int, int, int]:
     return spec.p1, spec.p2, slack, 0, most
 
 
-def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | None = None) -> str:
+def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | None = None,
+          calendars: dict[str, int] | None = None) -> str:
     algorithm, p1, p2 = spec.algorithm, spec.p1, spec.p2
     modes = {"charge": _lua(spec.charge), "force": _lua(spec.force)}
     given = given or {}
@@ -258,7 +269,8 @@ def _rule(i: int, spec: RuleSpec, peek: str, n: int, given: dict[str, str] | Non
     if algorithm == "concurrency":
         return FRAGMENTS["concurrency"].substitute(i=i, limit=g1, n=n, **modes)
     if algorithm in ("fixed_window", "quota"):
-        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek, **modes)
+        stop = f"cal_next{calendars[spec.calendar]}(now)" if spec.calendar and calendars else f"now - now % {g2} + {g2}"
+        return FRAGMENTS["window_count"].substitute(i=i, limit=g1, window=g2, peek=peek, stop=stop, **modes)
     if algorithm == "sliding_window" and given:
         # the state's numbers are the file's rule's: read in its format, written as
         # "window:current:previous" (any limit; the window zero-padded, so never 19 characters

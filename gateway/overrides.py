@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gateway.calendars import Period
 from gateway.config import BUCKET_ALGORITHMS, MAX_SPAN, MIN_WINDOW, Algorithm, Config, Place, Rule, shard_share
 from gateway.config.fields import SLIDING_LOG_MAX, parameters
 from gateway.config.fields import field as config_field
@@ -67,7 +68,8 @@ COMMAND = Script("command")
 
 
 # parameters an override may not set, and why
-FILE_ONLY = {"lease": "is the file's for every identity: gateways renew leases by it (lua/leases.lua)"}
+FILE_ONLY = {"lease": "is the file's for every identity: gateways renew leases by it (lua/leases.lua)",
+             "calendar": "is the file's for every identity: a calendar period's time zone"}
 
 
 class OverrideInvalid(ValueError):
@@ -109,6 +111,10 @@ def parse_override(rule: Rule, body: Any) -> Rule | None:
             values[spec.name] = kind.parse(text)
         except ValueError as exc:
             raise OverrideInvalid(key, f"must be {kind.noun}: {exc}" if kind.noun else str(exc)) from None
+        if spec.name == "window" and (rule.calendar_period is not None or isinstance(values["window"], Period)):
+            if values["window"] != rule.calendar_period:  # the script's shape: a period of the file's kind
+                raise OverrideInvalid(key, f"must be the file's: {rule.calendar_period or 'a duration'}")
+            values["window"] = rule.window
     new = replace(rule, **values)
     if new.algorithm == Algorithm.SLIDING_LOG and new.limit > SLIDING_LOG_MAX:
         raise OverrideInvalid("limit", f"sliding_log keeps one entry per request; use at most {SLIDING_LOG_MAX}")

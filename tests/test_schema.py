@@ -404,8 +404,9 @@ def test_environment_references_are_accepted_where_the_loader_substitutes() -> N
 
 GOOD: dict[str, list[Any]] = {
     "limit": [1, 5, 100_000, 100_001, 1_000_000_000],
-    "window": ["1s", "50ms", "1.5m", "15min", "2h", "1d", " 10 s ", "0.5ms"],
-    "period": ["1d", "30m"],
+    "window": ["1s", "50ms", "1.5m", "15min", "2h", "1d", " 10 s ", "0.5ms", "day", "week", "month"],
+    "period": ["1d", "30m", "month"],
+    "calendar": ["Europe/Berlin", "UTC"],
     "lease": ["30s", "2m"],
     "rate": ["5/s", "100/min", "1000/h", "10000/d", "2/sec", "1/minute", "0.5/s", "3 / hour"],
     "burst": [1, 10, 1_000_000_000],
@@ -416,7 +417,8 @@ GOOD: dict[str, list[Any]] = {
 BAD: dict[str, list[Any]] = {
     "limit": [0, -3, 1_000_000_001, "many", True],
     "window": ["0s", "0.0ms", "10", "1w", "-1s", 5, ""],
-    "period": ["0s", "forever"],
+    "period": ["0s", "forever", "Day"],
+    "calendar": ["Mars/Olympus_Mons", ""],
     "lease": ["0s", "soon"],
     "rate": ["0/s", "0.0/min", "5", "5/w", "5/s/s", "-1/s"],
     "burst": [0, -1, 2_000_000_000, "lots"],

@@ -32,6 +32,7 @@ from gateway.config.kinds import (
     Status,
     Template,
     Text,
+    Window,
 )
 
 
@@ -320,13 +321,18 @@ FIELDS: tuple[Field, ...] = (
     _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows), in total (quota) or "
        "in flight at once (concurrency).",
        default=0, needed_by=(*_WINDOWS, *_QUOTA, *_CONCURRENCY)),
-    _f(RULE, "window", Duration(window=True), "Window length: 1ms to 100 years.", default=0.0,
+    _f(RULE, "window", Window(window=True), "Window length: 1ms to 100 years; for fixed_window also `day`, "
+       "`week` (from Monday) or `month` (from the 1st), reset at local midnight of `calendar`.", default=0.0,
        needed_by=_WINDOWS),
     _f(RULE, "rate", Rate(), "Refill or leak rate.", default=0.0, needed_by=_BUCKETS),
     _f(RULE, "burst", Integer(1, 1_000_000_000), "Bucket size (token_bucket, gcra) or queue length "
        "(leaky_bucket).", default=0, needed_by=_BUCKETS),
-    _f(RULE, "period", Duration(window=True), "Refill the whole limit every period: "
-       "1ms to 100 years.", attr="window", optional_for=_QUOTA, shown="never"),
+    _f(RULE, "period", Window(window=True), "Refill the whole limit every period: 1ms to 100 years, or "
+       "`day`, `week` (from Monday) or `month` (from the 1st), reset at local midnight of `calendar`.",
+       attr="window", optional_for=_QUOTA, shown="never"),
+    _f(RULE, "calendar", Text(what="IANA time zone"), "The time zone of a day, week or month window or "
+       "period: its resets are local midnights (a day across a daylight-saving change is 23 or 25 hours).",
+       default="UTC", optional_for=(Algorithm.FIXED_WINDOW, Algorithm.QUOTA)),
     _f(RULE, "lease", Duration(window=True), "concurrency: how long a slot outlives a gateway that died holding "
        "it (a request in flight renews its lease while it lasts).", default=60.0, optional_for=_CONCURRENCY,
        shown="60s"),

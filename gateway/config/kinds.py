@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.calendars import NOMINAL, Period
 from gateway.units import parse_duration, parse_rate
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -134,6 +135,26 @@ class Duration(Scalar):
             if seconds >= size and seconds % size == 0:
                 return f"{seconds / size:g}{unit}"
         return f"{seconds * 1000:g}ms" if seconds else "0s"
+
+
+@dataclass(frozen=True)
+class Window(Duration):
+    """A duration, or a calendar period (`day`, `week`, `month`: gateway/calendars.py)."""
+
+    def describe(self) -> str:
+        return "duration \\| `day` \\| `week` \\| `month`"
+
+    def parse(self, text: str) -> Any:
+        word = text.strip()
+        if word in NOMINAL:
+            return Period(word)
+        return parse_duration(text)
+
+    def schema(self) -> Schema:
+        return {"anyOf": [super().schema(), {"enum": list(NOMINAL)}]}
+
+    def show(self, value: Any) -> str:
+        return str(value) if isinstance(value, Period) else super().show(value)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gateway.calendars import NOMINAL, Period, zone_problem
 from gateway.config import rls
 from gateway.config.fields import (
     BUCKET_ALGORITHMS,
@@ -436,6 +437,25 @@ def _rls_descriptors(node: yaml.Node, key: str, r: _Reader, depth: int) -> list[
     return out
 
 
+def _calendar(found: Found, key: str, r: _Reader, algorithm: Algorithm, values: dict[str, Any]) -> None:
+    """A `window:` or `period:` of day, week or month (gateway/calendars.py), and its `calendar:`."""
+    span = "period" if algorithm == Algorithm.QUOTA else "window"
+    period = values.get("window")
+    if isinstance(period, Period):
+        if algorithm not in (Algorithm.FIXED_WINDOW, Algorithm.QUOTA):
+            r.problem(found.nodes[span], f"{key}.{span}", f"{period} is a calendar period: fixed_window and quota "
+                                                          f"take one, {algorithm} takes a duration")
+            found.bad.add(span)
+            return
+        values["window"], values["calendar_period"] = float(NOMINAL[period]), str(period)
+    elif "calendar" in values:
+        r.problem(found.nodes["calendar"], f"{key}.calendar",
+                  f"goes with a {span} of day, week or month (a duration's windows are not local)")
+    if "calendar" in values and (problem := zone_problem(values["calendar"])) is not None:
+        r.problem(found.nodes["calendar"], f"{key}.calendar", problem)
+        found.bad.add("calendar")
+
+
 def _redis(top: Found, r: _Reader) -> RedisSettings:
     found = r.section(top.nodes["redis"], "redis", Place.REDIS) if "redis" in top else None
     return RedisSettings(**r.read(found, "redis", Place.REDIS)) if found else RedisSettings()
@@ -808,6 +828,7 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
                 by.append(source)
     if "cost" in found:
         values.update(_cost(found.nodes["cost"], f"{key}.cost", r))
+    _calendar(found, key, r, algorithm, values)
     if found.bad or any(p not in found for p in needed):
         return None
     rule = Rule(name=name, by=tuple(by), algorithm=algorithm, **values)

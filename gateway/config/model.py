@@ -72,6 +72,8 @@ class Rule:
     settle_field: tuple[str, ...] | None = None    # ... settled to this path of the answer's JSON or SSE
     max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
     shared: bool = False                           # a rule of `shared:`: one counter in every route using it
+    calendar_period: str | None = None             # "day", "week", "month": window/period by the calendar
+    calendar: str = default(P.RULE, "calendar")    # ... of this IANA zone (gateway/calendars.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "algorithm", Algorithm(self.algorithm))

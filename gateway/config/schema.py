@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.calendars import NOMINAL
 from gateway.config.fields import (
     NO_DEFAULT,
     PARAMETERS,
@@ -108,6 +109,13 @@ def _algorithm(algorithm: Algorithm) -> Schema:
         }
     if algorithm is Algorithm.CONCURRENCY:  # slots always come back when a request ends
         then["properties"].update(count_on=False, refund_on=False)
+    words = {"enum": list(NOMINAL)}
+    if algorithm in (Algorithm.SLIDING_WINDOW, Algorithm.SLIDING_LOG):  # a calendar period: fixed windows only
+        then["properties"]["window"] = {"not": words}
+    if algorithm in (Algorithm.FIXED_WINDOW, Algorithm.QUOTA):  # `calendar` goes with a calendar period
+        span = "period" if algorithm is Algorithm.QUOTA else "window"
+        then["if"] = {"required": ["calendar"]}
+        then["then"] = {"required": [span], "properties": {span: words}}
     return {"if": {"properties": {"algorithm": {"const": algorithm.value}}, "required": ["algorithm"]},
             "then": then}
 
