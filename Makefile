@@ -44,6 +44,7 @@ bench: $(DEV_STAMP) system-deps
 	$(PY) bench/run.py
 	$(PY) bench/check.py --docs
 	$(PY) bench/rls.py --docs
+	$(PY) bench/idle.py --docs
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.errors import RedisUnavailable
-from gateway.overrides import SYNC_INTERVAL, Entry, RouteTable, Store, entry
+from gateway.overrides import FULL_SYNC_INTERVAL, SYNC_INTERVAL, Entry, RouteTable, Store, entry
 
 if TYPE_CHECKING:
     from gateway.plan import RoutePlan
@@ -26,11 +27,21 @@ class Overrides:
     stored: dict[tuple[str, str], tuple[int, dict[str, str]]] = field(default_factory=dict)  # version, texts
     built_for: Runtime | None = None
     cleaned_for: Runtime | None = None
+    signal: int | None = None  # the change signal as of the last poll of the versions
+    polled_at: float = float("-inf")  # when that poll was (time.monotonic())
 
-    async def sync(self, runtime: Runtime) -> bool:
+    async def sync(self, runtime: Runtime, full_every: float = FULL_SYNC_INTERVAL) -> bool:
         """Read what changed since the last sync and rebuild `runtime.overrides`; True if anything
-        changed. Raises RedisUnavailable."""
+        changed. At rest one read: the change signal (Store.signal), unchanged since the last poll
+        of every route's versions; that poll also runs every `full_every` seconds whatever the
+        signal says, so a write whose bump was lost (its writer died between the two) costs at most
+        that long. Raises RedisUnavailable."""
         store = Store(runtime.limiter, runtime.redis.key_prefix)
+        signal = await store.signal()  # before the poll: a change meanwhile is seen next time
+        fresh = self.built_for is runtime and self.cleaned_for is runtime
+        if fresh and signal == self.signal and time.monotonic() - self.polled_at < full_every:
+            return False
+        started = time.monotonic()
         if self.cleaned_for is not runtime:
             dropped = await store.drop_removed(runtime.config)
             if dropped:
@@ -69,6 +80,7 @@ class Overrides:
         if stale:  # nothing held in memory may answer with the old numbers
             runtime.refusals.clear()
             runtime.repeats.clear()  # the requests seen, with their rules as they were
+        self.signal, self.polled_at = signal, started  # only once the poll went through
         return bool(stale)
 
     async def _read(self, store: Store, route: str, name: str) -> dict[str, str | None] | None:

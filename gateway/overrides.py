@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.overrides")
 
-SYNC_INTERVAL = 1.0  # seconds between two polls of the versions
+SYNC_INTERVAL = 1.0  # seconds between two reads of the change signal
+FULL_SYNC_INTERVAL = 30.0  # seconds between two polls of every route's versions, whatever the signal says
 PAGE = 1000          # fields asked per HSCAN when a rule's overrides are read
 CHANGES = 1000       # changes each rule keeps listed, for workers to read only what changed
 MAX_BODY = 4096      # bytes of a PUT body
@@ -204,6 +205,19 @@ class Store:
     def routes_key(self) -> str:
         return f"{self.prefix}:{SUFFIX}:routes"
 
+    @property
+    def signal_key(self) -> str:
+        """The deployment's change signal: a counter every write of an override bumps, so a worker
+        at rest reads one key a second, not the versions of every route (docs/scaling.md)."""
+        return f"{self.prefix}:{{~signal}}:overrides"
+
+    async def signal(self) -> int:
+        value = await self._command(self.signal_key, "GET")
+        return int(value) if value is not None else 0
+
+    async def _changed(self) -> None:
+        await self._command(self.signal_key, "INCR")
+
     async def _command(self, key: str, *args: str | int) -> Any:
         return await self.limiter.run_script(COMMAND, [key], list(args))
 
@@ -213,10 +227,13 @@ class Store:
         if version == -1:
             return False
         await self._command(self.routes_key, "SADD", route)
+        await self._changed()
         return True
 
     async def delete(self, route: str, rule: str, token: str) -> bool:
         found = await self.limiter.run_script(DELETE, self._keys(route, rule), [token, rule, CHANGES])
+        if found:
+            await self._changed()
         return bool(found)
 
     async def get(self, route: str, rule: str, token: str) -> str | None:
@@ -271,6 +288,8 @@ class Store:
                 await self._command(self.routes_key, "SREM", route)
             elif gone:
                 dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], gone)
+        if dropped:
+            await self._changed()
         return int(dropped)
 
 

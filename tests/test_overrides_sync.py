@@ -9,7 +9,7 @@ import uuid
 from gateway.config import RedisSettings, parse_config
 from gateway.limiter import Limiter
 from gateway.override_sync import Overrides
-from gateway.overrides import CHANGES, Store, canonical
+from gateway.overrides import CHANGES, PUT, Store, canonical
 from gateway.redis import make_runner
 from gateway.runtime import Runtime, build_runtime
 from tests.support.redis_proc import RedisProcess
@@ -63,3 +63,39 @@ def test_a_worker_reads_what_changed_and_the_whole_rule_past_the_changes_listed(
         await runtime.limiter.close()
 
     asyncio.run(run())
+
+
+def test_at_rest_a_worker_reads_only_the_change_signal_and_a_lost_signal_costs_one_full_period() -> None:
+    """One deployment-wide counter, bumped by every write, instead of every route's versions each
+    second; the versions are still polled every full period, so a write whose bump was lost (the
+    writer died between the two) is applied within it."""
+    redis_proc = RedisProcess()  # its own: nothing else calls it while the calls are counted
+
+    async def run() -> None:
+        runtime = runtime_on(redis_proc)
+        store = Store(runtime.limiter, runtime.redis.key_prefix)
+        mine = Overrides()
+        assert not await mine.sync(runtime)
+        before = _evalsha(redis_proc)
+        for _ in range(10):
+            assert not await mine.sync(runtime)
+        assert _evalsha(redis_proc) - before == 10  # one call each: the signal
+        await store.put("api", "user", "a", canonical(BODY), 100_000)
+        assert await mine.sync(runtime) and limits(runtime) == {"a": 9}
+        # a write whose signal was lost: stored, the counter not bumped
+        await runtime.limiter.run_script(PUT, store._keys("api", "user"),
+                                         ["b", canonical(BODY), 100_000, "user", CHANGES])
+        assert not await mine.sync(runtime) and "b" not in limits(runtime)
+        assert await mine.sync(runtime, full_every=0.0) and limits(runtime) == {"a": 9, "b": 9}
+        await runtime.limiter.close()
+
+    redis_proc.start()
+    try:
+        asyncio.run(run())
+    finally:
+        redis_proc.stop()
+
+
+def _evalsha(redis_proc: RedisProcess) -> int:
+    stats = redis_proc.client().info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
