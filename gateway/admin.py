@@ -30,16 +30,14 @@ The admin sees the gateway through `AdminControl` and Redis only through the `Li
 from __future__ import annotations
 
 import asyncio
-import hmac
-import ipaddress
 import json
 import logging
 import os
 import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -48,12 +46,22 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import metrics
+from gateway.admin_common import (
+    ADMIN_BODY_TIMEOUT,
+    MAX_OVERRIDE_BODY,
+    AdminControl,
+    TooLarge,
+    bounded_body,
+    problem_response,
+    runtime_of,
+    write_refusal,
+)
+from gateway.admin_keys import key_routes
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
-from gateway.responses import problem
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 from gateway.which_redis import needs_embedded_redis
@@ -61,8 +69,6 @@ from gateway.which_redis import needs_embedded_redis
 if TYPE_CHECKING:
     from gateway.plan import RoutePlan
     from gateway.runtime import Runtime
-    from gateway.settings import Settings
-    from gateway.top import TopRefused
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -73,82 +79,7 @@ log = logging.getLogger("gateway.admin")
 RELOAD_WAIT = 5.0  # seconds for the supervisor to pass a POST /reload on to this worker
 
 
-class AdminControl(Protocol):
-    """What the admin port needs from the gateway (gateway.lifecycle.Lifecycle is one)."""
 
-    @property
-    def runtime(self) -> Runtime | None: ...
-
-    @property
-    def top(self) -> TopRefused: ...
-
-    @property
-    def ready(self) -> bool: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    def reload(self) -> tuple[bool, str]: ...
-
-    def next_reload(self) -> asyncio.Future[tuple[bool, str]]: ...
-
-
-def problem_response(status: int, detail: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
-    _, _, body = problem(status, detail, **extra)
-    return Response(body, status_code=status, headers=headers, media_type="application/problem+json")
-
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
-def write_refusal(control: AdminControl, request: Request) -> Response | None:
-    """None when this admin write may proceed, else the answer that refuses it."""
-    runtime = control.runtime
-    token = runtime.config.admin_token if runtime else None
-    if token:
-        given = request.headers.get("authorization", "").encode("latin-1")
-        if hmac.compare_digest(given, b"Bearer " + token.encode()):
-            return None
-        return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
-                                headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
-    peer = request.client.host if request.client else None
-    if not is_loopback(peer):
-        return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
-                                     "set admin.token to allow them from elsewhere")
-    # From loopback, a browser may still be the one asking: a page elsewhere posting to 127.0.0.1
-    # (CSRF: it names its own Origin), or a hostile name rebound to 127.0.0.1 (its Host is that name)
-    host = request.headers.get("host", "")
-    if not is_loopback_host(host):
-        return problem_response(403, "admin writes without admin.token need a loopback Host "
-                                     "(localhost, 127.0.0.1 or [::1]); set admin.token to allow others")
-    origin = request.headers.get("origin")
-    if origin is not None and origin.lower() != f"{request.url.scheme}://{host}".lower():
-        return problem_response(403, "admin writes without admin.token are not accepted from another site's page")
-    return None
-
-
-def is_loopback_host(host: str) -> bool:
-    """A Host field naming this machine: localhost or a loopback address, with an optional port."""
-    name, port = host, ""
-    if host.startswith("["):
-        name, bracket, port = host[1:].partition("]")
-        if not bracket or (port and not port.startswith(":")):
-            return False
-        port = port[1:]
-    elif ":" in host:
-        name, _, port = host.rpartition(":")
-    if port and not (port.isdigit() and port.isascii()):
-        return False
-    return name.lower() == "localhost" or is_loopback(name)
 
 
 def rule_parameters(rule: Rule) -> dict[str, Any]:
@@ -233,7 +164,7 @@ def admin_app(control: AdminControl) -> Starlette:
         return JSONResponse({"reloaded": True, "detail": message})
 
     async def list_limits(request: Request) -> Response:
-        runtime = _runtime(control)
+        runtime = runtime_of(control)
         routes = []
         domains = {domain.route.name: domain.name for domain in runtime.config.rls}
         for route in runtime.config.limited_routes:
@@ -251,7 +182,7 @@ def admin_app(control: AdminControl) -> Starlette:
         return JSONResponse({"routes": routes})
 
     async def one_key(request: Request) -> Response:
-        runtime = _runtime(control)
+        runtime = runtime_of(control)
         named = _route_rule(runtime, request)
         if isinstance(named, Response):
             return named
@@ -345,7 +276,7 @@ def admin_app(control: AdminControl) -> Starlette:
             return problem_response(400, f"window is a duration (5m, 1h) and limit a whole number: {exc}")
         if not 0 < window <= MAX_WINDOW or not 0 < limit <= 1000:
             return problem_response(400, f"window may be up to {MAX_WINDOW // 60} minutes and limit up to 1000")
-        if route is not None and route not in _runtime(control).plans:
+        if route is not None and route not in runtime_of(control).plans:
             return problem_response(404, f"no route named {route[:200]!r}")
         found = control.top.top(window, route, limit)
         return JSONResponse({"route": route, "window_seconds": window, "top": [{
@@ -353,7 +284,7 @@ def admin_app(control: AdminControl) -> Starlette:
             "error": r.error} for r in found]})
 
     async def list_overrides(request: Request) -> Response:
-        runtime = _runtime(control)
+        runtime = runtime_of(control)
         store = Store(runtime.limiter, runtime.redis.key_prefix)
         rules = [(route, rule) for route in runtime.config.limited_routes for rule in route.limits]
         limit = _page_limit(request)
@@ -381,7 +312,7 @@ def admin_app(control: AdminControl) -> Starlette:
         })
 
     async def one_override(request: Request) -> Response:
-        runtime = _runtime(control)
+        runtime = runtime_of(control)
         named = _route_rule(runtime, request)
         if isinstance(named, Response):
             return named
@@ -415,8 +346,8 @@ def admin_app(control: AdminControl) -> Starlette:
                     return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
                 return JSONResponse(where | {"key": token, "deleted": True})
             try:
-                raw = await _bounded_body(request, MAX_OVERRIDE_BODY, ADMIN_BODY_TIMEOUT)
-            except _TooLarge:
+                raw = await bounded_body(request, MAX_OVERRIDE_BODY, ADMIN_BODY_TIMEOUT)
+            except TooLarge:
                 response = problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
                 response.headers["connection"] = "close"  # the rest of it is not read
                 return response
@@ -470,33 +401,13 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/top", top, methods=["GET"]),
             Route("/overrides", list_overrides, methods=["GET"]),
             Route("/overrides/{route}/{rule}", one_override, methods=["GET", "PUT", "DELETE"]),
+            *key_routes(control),
         ],
         exception_handlers={HTTPException: http_error},
     )
 
 
 SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
-MAX_OVERRIDE_BODY = 4096  # bytes
-ADMIN_BODY_TIMEOUT = 5.0  # seconds for an admin body (at most MAX_OVERRIDE_BODY) to arrive whole
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _bounded_body(request: Request, limit: int, timeout: float) -> bytes:
-    """The body, read no further than `limit` bytes (a larger declared length is refused before
-    any of it is read) and within `timeout`. Raises _TooLarge or TimeoutError."""
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
-    body = bytearray()
-    async with asyncio.timeout(timeout):
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise _TooLarge
-    return bytes(body)
 PAGE_LIMIT = 1000  # overrides listed at most per page
 
 
@@ -574,13 +485,6 @@ def _route_rule(runtime: Runtime, request: Request) -> tuple[RoutePlan, int] | R
     if index is None:
         return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
     return plan, index
-
-
-def _runtime(control: AdminControl) -> Runtime:
-    runtime = control.runtime
-    if runtime is None:
-        raise HTTPException(503, "configuration not loaded yet")
-    return runtime
 
 
 async def _reload_every_worker(control: AdminControl) -> tuple[bool, str]:

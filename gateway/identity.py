@@ -177,7 +177,7 @@ class RequestView:
     stripped of hop-by-hop fields), computed once and only on demand."""
 
     __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_more", "body_prefix",
-                 "config", "jwt", "params", "request")
+                 "config", "jwt", "params", "plan", "request")
 
     def __init__(
         self, request: Request, params: dict[str, str], config: Config, jwt: JwtVerifier | None
@@ -193,6 +193,7 @@ class RequestView:
         self._ip: str | None = None
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
+        self.plan: str | None = None  # the plan of the request's API key (`keys:`), once read
 
     def header(self, name: bytes) -> bytes | None:
         """One header's value; BadRequest if it came more than once."""
@@ -254,7 +255,7 @@ class RequestView:
                 return False
             if not any(address in network for network in when.client):
                 return False
-        return True
+        return not when.plans or self.plan in when.plans
 
     def read(self, source: Source) -> bytes | None:
         kind = source.kind

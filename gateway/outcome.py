@@ -26,6 +26,7 @@ class RequestOutcome(StrEnum):
     CLIENT_GONE = "client_gone"          # the client left before the decision
     NO_ROUTE = "no_route"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNKNOWN_KEY = "unknown_key"          # keys: an API key not registered, or none (401), never forwarded
 
 
 class DecidedBy(StrEnum):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.api_keys import KeyStore, KeyTable
 from gateway.errors import RedisUnavailable
 from gateway.overrides import FULL_SYNC_INTERVAL, SYNC_INTERVAL, Entry, RouteTable, Store, entry
 
@@ -27,6 +28,7 @@ class Overrides:
     stored: dict[tuple[str, str], tuple[int, dict[str, str]]] = field(default_factory=dict)  # version, texts
     built_for: Runtime | None = None
     cleaned_for: Runtime | None = None
+    keys: KeyTable = field(default_factory=KeyTable)  # the API keys (gateway/api_keys.py), for every runtime
     signal: int | None = None  # the change signal as of the last poll of the versions
     polled_at: float = float("-inf")  # when that poll was (time.monotonic())
 
@@ -42,6 +44,10 @@ class Overrides:
         if fresh and signal == self.signal and time.monotonic() - self.polled_at < full_every:
             return False
         started = time.monotonic()
+        keys_changed = False
+        if runtime.config.keys is not None:
+            keys_changed = await KeyStore(runtime.limiter, runtime.redis.key_prefix).follow(self.keys)
+            runtime.keys = self.keys
         if self.cleaned_for is not runtime:
             dropped = await store.drop_removed(runtime.config)
             if dropped:
@@ -77,11 +83,11 @@ class Overrides:
             for route, name, tokens in changed:
                 if route not in whole:
                     self._update(runtime, route, name, tokens)
-        if stale:  # nothing held in memory may answer with the old numbers
+        if stale or keys_changed:  # nothing held in memory may answer with the old numbers (or plans)
             runtime.refusals.clear()
             runtime.repeats.clear()  # the requests seen, with their rules as they were
         self.signal, self.polled_at = signal, started  # only once the poll went through
-        return bool(stale)
+        return bool(stale) or keys_changed
 
     async def _read(self, store: Store, route: str, name: str) -> dict[str, str | None] | None:
         """Bring the stored texts of one rule up to date: the identities changed (None: read whole)."""
@@ -147,6 +153,7 @@ class Overrides:
             if table:
                 tables[plan.route.name] = table
         runtime.overrides = tables
+        runtime.keys = self.keys if runtime.config.keys is not None else None
         self.built_for = runtime
 
     def _table(self, plan: RoutePlan) -> RouteTable:

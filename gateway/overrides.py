@@ -215,7 +215,8 @@ class Store:
         value = await self._command(self.signal_key, "GET")
         return int(value) if value is not None else 0
 
-    async def _changed(self) -> None:
+    async def changed(self) -> None:
+        """Bump the change signal: after a write of an override or an API key."""
         await self._command(self.signal_key, "INCR")
 
     async def _command(self, key: str, *args: str | int) -> Any:
@@ -227,13 +228,13 @@ class Store:
         if version == -1:
             return False
         await self._command(self.routes_key, "SADD", route)
-        await self._changed()
+        await self.changed()
         return True
 
     async def delete(self, route: str, rule: str, token: str) -> bool:
         found = await self.limiter.run_script(DELETE, self._keys(route, rule), [token, rule, CHANGES])
         if found:
-            await self._changed()
+            await self.changed()
         return bool(found)
 
     async def get(self, route: str, rule: str, token: str) -> str | None:
@@ -289,7 +290,7 @@ class Store:
             elif gone:
                 dropped += await self.limiter.run_script(DROP, [self.versions_key(route), *doomed], gone)
         if dropped:
-            await self._changed()
+            await self.changed()
         return int(dropped)
 
 

@@ -166,6 +166,10 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
     view = RequestView(request, {}, runtime.config, runtime.jwt)
+    if runtime.config.keys is not None:  # API keys: the caller's plan, read from memory
+        refused = _caller_plan(runtime, view, request)
+        if refused is not None:
+            return refused
     router = runtime.router
     try:  # a route's `match:` may read a header, claim or address that came twice: a 400, as an identity
         found = router.match(request.method, request.hostname, request.path,
@@ -188,6 +192,30 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name, close=True)
     return Matched(request, runtime.plans[route.name], view)
+
+
+def _caller_plan(runtime: Runtime, view: RequestView, request: Request) -> Answer | None:
+    """Set `view.plan` from the request's API key (gateway/api_keys.py); an Answer instead when the
+    key is unknown or absent and `keys.unknown` is reject (401), or not known yet (503)."""
+    settings = runtime.config.keys
+    assert settings is not None
+    try:
+        key = view.read(settings.source)
+    except BadRequest as exc:
+        return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, request)
+    table = runtime.keys
+    if table is None or not table.loaded:
+        status, headers, body = problem(503, "API keys are not loaded yet (Redis unavailable); try again shortly")
+        headers.append((b"retry-after", b"1"))
+        return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request)
+    plan = table.plan(key) if key else None
+    if plan is None and settings.unknown == "reject":
+        detail = f"no API key in {settings.source}" if not key else "unknown API key"
+        status, headers, body = problem(401, detail)
+        headers.append((b"www-authenticate", f'Key realm="gateway", source="{settings.source}"'.encode()))
+        return _answer((status, headers, body), RequestOutcome.UNKNOWN_KEY, request)
+    view.plan = plan or "none"
+    return None
 
 
 def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, request: Request | None,

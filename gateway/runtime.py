@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 from gateway import metrics
+from gateway.api_keys import KeyTable
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings
 from gateway.identity import JwtVerifier
@@ -40,6 +41,7 @@ class Runtime:
     leases: Leases | None = None    # concurrency slots held and given back (gateway/leases.py)
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
+    keys: KeyTable | None = None  # the deployment's API keys, when the config has `keys:` (gateway/api_keys.py)
     rls: dict[str, Domain] = field(default_factory=dict)  # the rate limit service's domains (gateway/rls/)
     in_flight: int = 0
     retired: bool = False

@@ -48,6 +48,7 @@ MINIMAL: dict[str, Any] = {
     "identity": {"body_max_bytes": 1024, "max_length": 256},
     "local_refusals": {"max_entries": 100_000, "max_hold": "1s"},
     "check": {"convention": "auto", "path_prefix": ""},
+    "keys": {"source": "header:X-Api-Key", "unknown": "reject", "plans": ["free", "pro"]},
     "upstreams": {"up": {"url": "http://127.0.0.1:9000", "timeout": "1s"}},
     "routes": [{
         "name": "r",
@@ -187,6 +188,7 @@ ENUMS = [
     (("check", "convention"), Place.CHECK),
     (("routes", 0, "match", "path_case"), Place.MATCH),
     (("routes", 0, "respond"), Place.ROUTE),
+    (("keys", "unknown"), Place.KEYS),
 ]
 
 

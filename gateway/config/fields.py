@@ -53,6 +53,7 @@ class Place(StrEnum):
     MATCH = "match"
     RULE = "rule"
     USE = "use"
+    KEYS = "keys"
     RLS = "rls"
     RLS_DOMAIN = "rls_domain"
     RLS_DESCRIPTOR = "rls_descriptor"
@@ -80,6 +81,8 @@ PLACES: dict[Place, str] = {
                           "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
                 "consumes nothing.",
+    Place.KEYS: "`keys:` API keys and their plans, registered at runtime on the admin port (`/keys`), stored "
+                "in Redis as digests; a route's `match: {plan: ...}` takes the callers of a plan (docs/api-keys.md).",
     Place.USE: "`routes[].limits: [{use: NAME}]` a rule of the top-level `shared:` list, in place of one of the "
                "route's own: ONE counter wherever it is used (docs/scaling.md: where its keys live).",
 }
@@ -174,6 +177,12 @@ FIELDS: tuple[Field, ...] = (
        default=()),
     _f(TOP, "upstreams", Named(UPSTREAM), "Named upstreams the routes forward to.",
        required="(at least one upstream)", proxy_only=True),
+    _f(TOP, "keys", Section(Place.KEYS), "API keys and plans, registered at runtime (admin port /keys)."),
+    _f(Place.KEYS, "source", Text(what="identity source"), "Where a request carries its key: any identity source "
+       "(header:X-Api-Key, query:api_key, cookie:NAME, jwt:CLAIM).", required=""),
+    _f(Place.KEYS, "unknown", Choice(("reject", "pass")), "A request whose key is not registered (or that has "
+       "none): reject, a 401 problem+json, never forwarded; pass, its plan is `none`.", default="reject"),
+    _f(Place.KEYS, "plans", ListOf(Name()), "The plans a key may be registered with.", required=""),
     _f(TOP, "shared", ListOf(Section(RULE), MAX_RULES), "Rules several routes use by name ({use: NAME} in their "
        "limits), each keeping one counter wherever it is used, as nginx's limit_req_zone used by several "
        "locations."),
@@ -305,6 +314,8 @@ FIELDS: tuple[Field, ...] = (
        default="sensitive"),
     _f(MATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
        "Methods the route owns (any other is a 405); absent: every method.", default=None),
+    _f(MATCH, "plan", ListOf(Name(), single=True), "The plan (or plans) of the request's API key (`keys:`); "
+       "`none`: a key unknown or absent, with keys.unknown: pass."),
     _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),
     _f(MATCH, "headers", Conditions(presence=True), "Headers the request must carry: NAME: VALUE, NAME: [VALUES] "
        "or NAME: true (present). Not met: the next route is tried.", default=None),

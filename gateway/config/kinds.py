@@ -271,15 +271,16 @@ def is_typed(kind: Kind) -> bool:
 class ListOf(Kind):
     item: Kind
     max_items: int | None = None
+    single: bool = False  # one item may be given alone, without the list around it
 
     def describe(self) -> str:
-        return f"list of {self.item.describe()}"
+        return f"{self.item.describe()} or list of them" if self.single else f"list of {self.item.describe()}"
 
     def schema(self) -> Schema:
         out: Schema = {"type": "array", "items": self.item.schema()}
         if self.max_items is not None:
             out["maxItems"] = self.max_items
-        return out
+        return {"anyOf": [self.item.schema(), out]} if self.single else out
 
     def show(self, value: Any) -> str:
         return "[" + ", ".join(self.item.show(v) for v in value) + "]"

@@ -51,6 +51,7 @@ from gateway.config.model import (
     Conditions,
     Config,
     JwtSettings,
+    KeysSettings,
     RedisSettings,
     RlsDomain,
     Route,
@@ -171,6 +172,9 @@ class _Reader:
             return self.typed(node, key, kind.noun, kind.parse)
         assert isinstance(kind, ListOf), kind
         assert isinstance(kind.item, Scalar), kind
+        if kind.single and isinstance(node, yaml.ScalarNode):
+            one = self.typed(node, key, kind.item.noun, kind.item.parse)
+            return None if one is None else (one,)
         items = self.sequence(node, key)
         if items is None:
             return None
@@ -307,16 +311,18 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     if "admin_token" in settings:
         settings["admin_token"] = settings["admin_token"] or None
     settings.pop("shared", None)
+    keys_settings = _keys(top.nodes["keys"], r, jwt) if "keys" in top else None
     upstreams = _upstreams(top, r)
     if "shared" in top:
         r.shared = _shared(top.nodes["shared"], r, jwt)
     routes = _routes(top, r, upstreams, defaults, jwt)
+    _check_plans(top, routes, keys_settings, r)
     rls_files: list[str] = []
     rls = _rls(top.nodes["rls"], r, defaults, {route.name for route in routes}, rls_files) if "rls" in top else ()
     if r.problems:
         return None
     return Config(source=r.file, redis=redis, upstreams=upstreams, routes=routes, jwt=jwt, rls=rls,
-                  rls_files=tuple(rls_files), **settings)
+                  rls_files=tuple(rls_files), keys=keys_settings, **settings)
 
 
 def _rls(node: yaml.Node, r: _Reader, defaults: dict[str, str], route_names: set[str],
@@ -528,6 +534,47 @@ def _tls(node: yaml.Node, key: str, r: _Reader) -> UpstreamTls | None:
     return UpstreamTls(**values)
 
 
+def _keys(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> KeysSettings | None:
+    """`keys:` API keys and plans at runtime (gateway/api_keys.py)."""
+    found = r.section(node, "keys", Place.KEYS)
+    if found is None or found.missing:
+        return None
+    values = r.read(found, "keys", Place.KEYS, skip=["source"])
+    source = _source(found.nodes["source"], "keys.source", r, [], jwt)
+    plans = values.get("plans", ())
+    if not plans:
+        r.problem(found.nodes["plans"], "keys.plans", "must name at least one plan")
+    elif "none" in plans:
+        r.problem(found.nodes["plans"], "keys.plans", "`none` is the plan of an unknown key (unknown: pass)")
+    elif len(set(plans)) != len(plans):
+        r.problem(found.nodes["plans"], "keys.plans", "names a plan twice")
+    if source is None or found.bad or r.problems:
+        return None
+    return KeysSettings(source, values.get("unknown", "reject"), tuple(plans))
+
+
+def _check_plans(top: Found, routes: tuple[Route, ...], keys_settings: KeysSettings | None, r: _Reader) -> None:
+    """A route's `match.plan` names plans of `keys:` (`none` with unknown: pass)."""
+    known = set(keys_settings.plans) if keys_settings else set()
+    if keys_settings is not None and keys_settings.unknown == "pass":
+        known.add("none")
+    items = top.nodes["routes"].value if "routes" in top and isinstance(top.nodes["routes"], yaml.SequenceNode) else []
+    for i, item in enumerate(items):
+        name = _child(item, "name")
+        route = next((x for x in routes if name is not None and x.name == name.value), None)
+        if route is None or not route.when.plans - known:
+            continue
+        node = _child(_child(item, "match") or item, "plan") or item
+        where = f"routes[{i}]({route.name}).match.plan"
+        if keys_settings is None and "keys" not in top:
+            r.problem(node, where, "matching on a plan needs a top-level keys: section")
+            continue
+        for plan in sorted(route.when.plans - known):
+            near = difflib.get_close_matches(plan, sorted(known), n=1)
+            r.problem(node, where, f"no plan named {plan!r} in keys.plans" +
+                      (f" (did you mean {near[0]}?)" if near else f" (plans: {', '.join(sorted(known))})"))
+
+
 def _shared(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> dict[str, Rule]:
     """`shared:` rules several routes name ({use: NAME}): one counter wherever used."""
     out: dict[str, Rule] = {}
@@ -667,7 +714,8 @@ def _match(node: yaml.Node, key: str, r: _Reader,
     if claims and not jwt.algorithms:
         r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
                                                     "with a key to verify tokens")
-    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())))
+    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())),
+                      frozenset(values.get("plan", ())))
     return values.get("path") or "/", methods, values.get("host", "").lower() or None, when, values.get(
         "path_case", "sensitive")
 

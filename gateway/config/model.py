@@ -143,9 +143,19 @@ class Conditions:
     headers: tuple[tuple[bytes, frozenset[bytes] | None], ...] = ()  # name, its values (None: present)
     jwt: tuple[tuple[str, frozenset[str]], ...] = ()                 # claim, its values
     client: tuple[Network, ...] = ()
+    plans: frozenset[str] = frozenset()  # the plan of the request's API key is one of these (`keys:`)
 
     def __bool__(self) -> bool:
-        return bool(self.headers or self.jwt or self.client)
+        return bool(self.headers or self.jwt or self.client or self.plans)
+
+
+@dataclass(frozen=True)
+class KeysSettings:
+    """`keys:` where a request's API key is read, what an unknown one gets, the plans there are."""
+
+    source: Source
+    unknown: str
+    plans: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,7 @@ class Config:
     check_path_prefix: str = default(P.CHECK, "path_prefix")
     check_convention: str = default(P.CHECK, "convention")
     rls: tuple[RlsDomain, ...] = ()  # Envoy's rate limit service (gateway/rls/)
+    keys: KeysSettings | None = None  # API keys and plans at runtime (gateway/api_keys.py)
     rls_files: tuple[str, ...] = ()  # the envoyproxy/ratelimit files it read (watched as routes.yaml is)
 
     @property

@@ -1,0 +1,127 @@
+"""What every admin endpoint shares: the gateway it controls, problem answers, who may write, a
+bounded body, the configuration in force."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.responses import problem
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+    from gateway.settings import Settings
+    from gateway.top import TopRefused
+
+
+class AdminControl(Protocol):
+    """What the admin port needs from the gateway (gateway.lifecycle.Lifecycle is one)."""
+
+    @property
+    def runtime(self) -> Runtime | None: ...
+
+    @property
+    def top(self) -> TopRefused: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def reload(self) -> tuple[bool, str]: ...
+
+    def next_reload(self) -> asyncio.Future[tuple[bool, str]]: ...
+
+
+def problem_response(status: int, detail: str, headers: Mapping[str, str] | None = None, **extra: Any) -> Response:
+    _, _, body = problem(status, detail, **extra)
+    return Response(body, status_code=status, headers=headers, media_type="application/problem+json")
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def write_refusal(control: AdminControl, request: Request) -> Response | None:
+    """None when this admin write may proceed, else the answer that refuses it."""
+    runtime = control.runtime
+    token = runtime.config.admin_token if runtime else None
+    if token:
+        given = request.headers.get("authorization", "").encode("latin-1")
+        if hmac.compare_digest(given, b"Bearer " + token.encode()):
+            return None
+        return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
+                                headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
+    peer = request.client.host if request.client else None
+    if not is_loopback(peer):
+        return problem_response(403, "admin writes without admin.token are accepted from loopback only; "
+                                     "set admin.token to allow them from elsewhere")
+    # From loopback, a browser may still be the one asking: a page elsewhere posting to 127.0.0.1
+    # (CSRF: it names its own Origin), or a hostile name rebound to 127.0.0.1 (its Host is that name)
+    host = request.headers.get("host", "")
+    if not is_loopback_host(host):
+        return problem_response(403, "admin writes without admin.token need a loopback Host "
+                                     "(localhost, 127.0.0.1 or [::1]); set admin.token to allow others")
+    origin = request.headers.get("origin")
+    if origin is not None and origin.lower() != f"{request.url.scheme}://{host}".lower():
+        return problem_response(403, "admin writes without admin.token are not accepted from another site's page")
+    return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """A Host field naming this machine: localhost or a loopback address, with an optional port."""
+    name, port = host, ""
+    if host.startswith("["):
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    elif ":" in host:
+        name, _, port = host.rpartition(":")
+    if port and not (port.isdigit() and port.isascii()):
+        return False
+    return name.lower() == "localhost" or is_loopback(name)
+
+
+MAX_OVERRIDE_BODY = 4096  # bytes
+ADMIN_BODY_TIMEOUT = 5.0  # seconds for an admin body (at most MAX_OVERRIDE_BODY) to arrive whole
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def bounded_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, read no further than `limit` bytes (a larger declared length is refused before
+    any of it is read) and within `timeout`. Raises _TooLarge or TimeoutError."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise TooLarge
+    body = bytearray()
+    async with asyncio.timeout(timeout):
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise TooLarge
+    return bytes(body)
+def runtime_of(control: AdminControl) -> Runtime:
+    runtime = control.runtime
+    if runtime is None:
+        raise HTTPException(503, "configuration not loaded yet")
+    return runtime
