@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.admin import ADMIN_BODY_TIMEOUT
+from gateway.admin_common import ADMIN_BODY_TIMEOUT
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
