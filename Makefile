@@ -45,6 +45,7 @@ bench: $(DEV_STAMP) system-deps
 	$(PY) bench/check.py --docs
 	$(PY) bench/rls.py --docs
 	$(PY) bench/idle.py --docs
+	$(PY) bench/keys.py --docs
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -87,10 +87,16 @@ class KeyTable:
 
     def load(self, pairs: Iterable[tuple[int, str]], version: int) -> None:
         """Replace every key: (digest, plan) pairs."""
-        ordered = sorted(pairs)
         self.plans, self.index = [], {}
-        self.digests = array("Q", (value for value, _ in ordered))
-        self.plan_of = array("B", (self._plan_index(plan) for _, plan in ordered))
+        self.load_packed([value << 8 | self._plan_index(plan) for value, plan in pairs], list(self.plans), version)
+
+    def load_packed(self, packed: list[int], plans: list[str], version: int) -> None:
+        """Replace every key: each `digest << 8 | plan index` (into `plans`), sorted here in place
+        (one list of ints sorts several times faster than pairs)."""
+        packed.sort()
+        self.plans, self.index = list(plans), {plan: at for at, plan in enumerate(plans)}
+        self.digests = array("Q", [value >> 8 for value in packed])
+        self.plan_of = array("B", [value & 255 for value in packed])
         self.version = version
         self.loaded = True
 
@@ -157,16 +163,25 @@ class KeyStore:
         return version, {int(_text(flat[j]), 16): None if flat[j + 1] is None else _text(flat[j + 1])
                          for j in range(0, len(flat), 2)}
 
-    async def read_all(self) -> tuple[int, list[tuple[int, str]]]:
-        """The version (read first: a change meanwhile is read next time) and every key."""
+    async def read_all(self) -> tuple[int, list[int], list[str]]:
+        """The version (read first: a change meanwhile is read next time) and every key, packed as
+        `KeyTable.load_packed` takes them."""
+        from gateway.overrides import COMMAND
+
         version, _ = await self.changes(-1)  # -1: never listed, so only the version comes back
-        out: list[tuple[int, str]] = []
-        cursor = "0"
+        packed: list[int] = []
+        plans: dict[bytes, int] = {}
+        cursor = b"0"
         while True:
-            cursor, pairs = await self.page(cursor, PAGE)
-            out += pairs
-            if cursor == "0":
-                return version, out
+            reply = await self.limiter.run_script(COMMAND, [self._keys[0]], ["HSCAN", cursor, "COUNT", PAGE])
+            cursor, flat = reply[0], reply[1]
+            for j in range(0, len(flat), 2):
+                at = plans.get(flat[j + 1])
+                if at is None:
+                    at = plans[flat[j + 1]] = len(plans)
+                packed.append(int(flat[j], 16) << 8 | at)
+            if cursor in (b"0", "0", 0):
+                return version, packed, [_text(plan) for plan in plans]
 
     async def follow(self, table: KeyTable) -> bool:
         """Bring `table` up to date; True if anything changed."""
@@ -176,8 +191,8 @@ class KeyStore:
         if not table.loaded:
             changed = None  # the first read is whole
         if changed is None:
-            version, pairs = await self.read_all()
-            table.load(pairs, version)
+            version, packed, plans = await self.read_all()
+            table.load_packed(packed, plans, version)
         else:
             table.apply(changed, version)
         return True

@@ -182,7 +182,7 @@ FIELDS: tuple[Field, ...] = (
        "(header:X-Api-Key, query:api_key, cookie:NAME, jwt:CLAIM).", required=""),
     _f(Place.KEYS, "unknown", Choice(("reject", "pass")), "A request whose key is not registered (or that has "
        "none): reject, a 401 problem+json, never forwarded; pass, its plan is `none`.", default="reject"),
-    _f(Place.KEYS, "plans", ListOf(Name()), "The plans a key may be registered with.", required=""),
+    _f(Place.KEYS, "plans", ListOf(Name(), 255), "The plans a key may be registered with.", required=""),
     _f(TOP, "shared", ListOf(Section(RULE), MAX_RULES), "Rules several routes use by name ({use: NAME} in their "
        "limits), each keeping one counter wherever it is used, as nginx's limit_req_zone used by several "
        "locations."),

@@ -544,6 +544,8 @@ def _keys(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> KeysSettings | None:
     plans = values.get("plans", ())
     if not plans:
         r.problem(found.nodes["plans"], "keys.plans", "must name at least one plan")
+    elif len(plans) > 255:
+        r.problem(found.nodes["plans"], "keys.plans", "at most 255 plans")
     elif "none" in plans:
         r.problem(found.nodes["plans"], "keys.plans", "`none` is the plan of an unknown key (unknown: pass)")
     elif len(set(plans)) != len(plans):
