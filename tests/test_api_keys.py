@@ -214,3 +214,64 @@ def test_unknown_pass_gives_the_plan_none(tmp_path: Path, redis_proc: RedisProce
         assert _rule(gateway, "nobody-" + uuid.uuid4().hex) == "pro-minute"  # `none` matched, with pro
     finally:
         assert gateway.stop() == 0
+
+
+MIDDLEWARE_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+keys: {{source: "query:api_key", plans: [free, pro]}}
+routes:
+  - name: pro
+    match: {{path: /data, plan: pro}}
+  - name: free
+    match: {{path: /data}}
+    limits: [{{name: per-key, by: ["query:api_key"], algorithm: fixed_window, limit: 1, window: 1h}}]
+"""
+
+
+def test_the_middleware_follows_keys_registered_elsewhere(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    """An app guarded in-process reads the keys a gateway's admin port registered in the same Redis."""
+    import asyncio
+
+    from starlette.types import Receive, Scope, Send
+
+    from gateway import RateLimitMiddleware
+    from gateway.api_keys import KeyStore
+    from gateway.config import RedisSettings
+    from gateway.limiter import Limiter
+    from gateway.overrides import Store
+    from gateway.redis import make_runner
+
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data"})
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(MIDDLEWARE_CONFIG.format(prefix=prefix))
+
+    async def register(key: str, plan: str) -> None:  # as a gateway's PUT /keys does
+        limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=2.0)))
+        await KeyStore(limiter, prefix).write({digest(key.encode()): plan})
+        await Store(limiter, prefix).changed()
+        await limiter.close()
+
+    async def main() -> list[int]:
+        guarded = RateLimitMiddleware(app, config=str(config), redis_url=redis_proc.url)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=guarded), base_url="http://app") as client:
+                statuses = [(await client.get("/data", params={"api_key": "k1"})).status_code]  # unknown
+                await register("k1", "free")
+                await register("k2", "pro")
+                for _ in range(40):  # within the sync's second (and some)
+                    if (await client.get("/data", params={"api_key": "k2"})).status_code == 200:
+                        break
+                    await asyncio.sleep(0.1)
+                statuses += [(await client.get("/data", params={"api_key": key})).status_code
+                             for key in ("k1", "k1", "k2", "k2", "k2")]
+                return statuses
+        finally:
+            await guarded.close()
+
+    assert asyncio.run(main()) == [401, 200, 429, 200, 200, 200]  # free: 1 an hour; pro: no limit

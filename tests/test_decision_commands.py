@@ -24,6 +24,11 @@ RULES = {
     "leaky_bucket": Rule("r", (), "leaky_bucket", rate=100_000.0, burst=100_000),
     "quota": Rule("r", (), "quota", limit=1_000_000_000),
     "quota_period": Rule("r", (), "quota", limit=1_000_000, window=60.0),
+    # calendar periods (issue 30): the next local midnight is arithmetic in the script, no command
+    "fixed_window_day": Rule("r", (), "fixed_window", limit=1_000_000, window=86_400.0, calendar_period="day",
+                             calendar="Europe/Berlin"),
+    "quota_month": Rule("r", (), "quota", limit=1_000_000, window=2_678_400.0, calendar_period="month",
+                        calendar="America/New_York"),
 }
 
 
@@ -60,7 +65,8 @@ def _made_by_decisions(proc: RedisProcess, specs: list[RuleSpec], keys: list[str
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("names", [[name] for name in RULES] + [["token_bucket", "sliding_window", "quota"]],
+@pytest.mark.parametrize("names", [[name] for name in RULES] + [["token_bucket", "sliding_window", "quota"],
+                                                                 ["gcra", "fixed_window_day", "quota_month"]],
                          ids=lambda names: "+".join(names))
 def test_an_admitted_decision_makes_time_one_mget_and_one_write_per_rule(
     any_redis: RedisProcess, names: list[str]
