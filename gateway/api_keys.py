@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from gateway.limiter import Limiter
 
 WRITE = Script("keys_write")
-CHANGED = Script("keys_changes")
+CHANGED = Script("overrides_changes")  # the same list-and-version layout as a rule's overrides
 CHANGES = 1000  # changes listed; a worker further behind reads the hash whole
 PAGE = 10_000   # keys read per call when read whole
 MAX_KEY_BYTES = 1024
@@ -131,7 +131,7 @@ class KeyStore:
     @property
     def _keys(self) -> list[str]:
         tag = f"{self.prefix}:{{~keys}}"
-        return [f"{tag}:plans", f"{tag}:changes", f"{tag}:version"]
+        return [f"{tag}:plans", f"{tag}:changes", f"{tag}:versions"]
 
     async def write(self, entries: Mapping[int, str | None]) -> tuple[int, int]:
         """Set or remove (None) each digest's plan in one call: the new version, and how many of
@@ -156,7 +156,7 @@ class KeyStore:
         return _text(reply[0]), [(int(_text(flat[j]), 16), _text(flat[j + 1])) for j in range(0, len(flat), 2)]
 
     async def changes(self, since: int) -> tuple[int, dict[int, str | None] | None]:
-        reply = await self.limiter.run_script(CHANGED, self._keys, [since])
+        reply = await self.limiter.run_script(CHANGED, self._keys, ["keys", since])
         version, listed, flat = int(reply[0]), int(reply[1]), reply[2:]
         if not listed:
             return version, None

@@ -1,4 +1,5 @@
--- What changed in one rule's overrides since the version a worker holds (gateway/overrides.py).
+-- What changed in one rule's overrides since the version a worker holds (gateway/overrides.py), or
+-- in the API keys (gateway/api_keys.py: the plans hash, its changes, the field `keys` of its versions).
 --   KEYS  the rule's overrides hash, its changes list, the route's versions hash (overrides_put.lua)
 --   ARGV  the rule's name, the version held
 -- Returns {version, 1, token, parameters or false (removed), ...}: every change since; or
