@@ -66,6 +66,7 @@ class EmbeddedRedis:
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.socket_path = str(self.dir / "redis.sock")
         self.die_with_parent = die_with_parent  # only when started from the main thread
+        self.launcher: list[str] = []  # a command the server is started through (the tests': setpriv)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -83,6 +84,7 @@ class EmbeddedRedis:
 
     def start(self, wait: float = 10.0) -> None:
         args = [
+            *self.launcher,
             self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",
@@ -102,6 +104,8 @@ class EmbeddedRedis:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                if self.process.stderr:
+                    self.process.stderr.close()
                 raise RuntimeError(f"redis-server exited at start: {err.strip()}")
             if self.ping():
                 return

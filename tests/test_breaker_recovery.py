@@ -32,7 +32,7 @@ from gateway.keys import state_key
 from gateway.units import parse_duration
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.patience import factor, within
 from tests.support.redis_proc import RedisProcess
 from tests.support.sentinel import Sentinel, sentinel_topology
@@ -88,8 +88,8 @@ class Load:
         wrk = shutil.which("wrk")
         assert wrk, "wrk is missing: `make system-deps` installs it"
         self.processes = [
-            subprocess.Popen([wrk, "-t1", f"-c{connections}", "-d120s", gateway.url + path],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_the_suite())
+            started([wrk, "-t1", f"-c{connections}", "-d120s", gateway.url + path],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for path in ("/echo/open", "/echo/closed")
         ]
 

@@ -42,7 +42,7 @@ from kubernetes_validate import utils as kv
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
@@ -843,8 +843,8 @@ def test_image_entry_command_serves_and_passes_its_healthcheck(installed: Path, 
     env = clean_env(installed, tmp_path)
     env["GATEWAY_PORT"], env["GATEWAY_ADMIN_PORT"] = str(free_port()), str(free_port())
     log = (tmp_path / "gateway.log").open("wb")
-    process = subprocess.Popen(entry_command(), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True, preexec_fn=dies_with_the_suite())
+    process = started(entry_command(), env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
     try:
         def healthy() -> bool:
             assert process.poll() is None, (tmp_path / "gateway.log").read_text()

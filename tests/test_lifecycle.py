@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
@@ -154,10 +154,9 @@ def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_pa
     log = (tmp_path / "make.log").open("wb")
     # -o: the venv under test is used as it is, never reinstalled; a session of its own, so the
     # signal reaches make alone, as from a script or an IDE's stop button
-    make = subprocess.Popen(["make", "--no-print-directory", "run", "-o", f"{venv}/.installed-run", f"VENV={venv}",
+    make = started(["make", "--no-print-directory", "run", "-o", f"{venv}/.installed-run", f"VENV={venv}",
                              f"RUN_ARGS=--port {port} --admin-port {admin} --backend-port {backend}"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=dies_with_the_suite())
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         def serving() -> bool:
             assert make.poll() is None, (tmp_path / "make.log").read_text()

@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from gateway.keys import identity_token
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
@@ -76,10 +76,9 @@ class Served:
         self.port = free_port()
         self.log = workdir / f"{app}.log"
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = started(
                 [sys.executable, "-m", "uvicorn", f"tests.support.embedded_apps:{app}", "--port", str(self.port),
-                 "--lifespan", "on"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=dies_with_the_suite())
+                 "--lifespan", "on"], env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_for_port(self.port, self.process)
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=5)
 

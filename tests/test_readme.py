@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port
@@ -48,8 +48,8 @@ def readme_blocks() -> list[list[tuple[str, str]]]:
 def running(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess) -> Iterator[GatewayProcess]:
     """`make run`'s three parts: the example backend, the gateway on routes.yaml, its Redis."""
     port = free_port()
-    backend = subprocess.Popen([sys.executable, "-m", "gateway.example_backend", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_the_suite())
+    backend = started([sys.executable, "-m", "gateway.example_backend", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gateway = GatewayProcess((ROOT / "routes.yaml").read_text(), tmp_path_factory.mktemp("readme"),
                              redis_url=redis_proc.url, env={"SHOP_URL": f"http://127.0.0.1:{port}"})
     try:

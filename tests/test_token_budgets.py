@@ -22,7 +22,7 @@ import pytest
 from gateway.keys import identity_token
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.llm_upstream import LlmUpstream
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
@@ -248,9 +248,8 @@ def test_the_repository_example_spends_a_token_budget(tmp_path: Any, redis_proc:
 
     root = Path(__file__).resolve().parents[1]
     port = free_port()
-    backend = subprocess.Popen([sys.executable, "-m", "gateway.example_backend", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                               preexec_fn=dies_with_the_suite())
+    backend = started([sys.executable, "-m", "gateway.example_backend", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     gateway = GatewayProcess((root / "routes.yaml").read_text(), tmp_path, redis_url=redis_proc.url,
                              env={"SHOP_URL": f"http://127.0.0.1:{port}"})
     try:

@@ -18,7 +18,7 @@ import pytest
 import trustme
 
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port
@@ -31,8 +31,7 @@ class Hypercorn:
                 "--certfile", str(certs["server_cert"]), "--keyfile", str(certs["server_key"])]
         if require_client_cert:
             args += ["--ca-certs", str(certs["ca"]), "--verify-mode", "CERT_REQUIRED"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        preexec_fn=dies_with_the_suite())
+        self.process = started(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, self.process)
 
     def stop(self) -> None:

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gateway_proc import GatewayProcess
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
@@ -87,9 +87,8 @@ def origins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origins]:
     try:
         for kind in ORIGINS:
             ports[kind] = free_port()
-            processes.append(subprocess.Popen([sys.executable, "-m", "tests.conformance.origins", kind,
-                                               str(ports[kind])], cwd=root, stdout=log, stderr=log,
-                                              preexec_fn=dies_with_the_suite()))
+            processes.append(started([sys.executable, "-m", "tests.conformance.origins", kind,
+                                               str(ports[kind])], cwd=root, stdout=log, stderr=log))
             wait_for_port(ports[kind], processes[-1])
         yield Origins(ports, processes)
     finally:

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 from typing import ClassVar
 
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for_port
 
@@ -68,9 +68,8 @@ class FrontProxy:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.write_config()
         with self.stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
+            self.process = started(
                 self.command(), cwd=self.dir, env=self.environment(), start_new_session=True,
-                preexec_fn=dies_with_the_suite(),
                 stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
             )
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -64,8 +64,7 @@ class GatewayProcess:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("GATEWAY_DRAIN_TIMEOUT", "5")
         with self.out_path.open("ab") as out, self.log_path.open("ab") as err:
-            self.process = subprocess.Popen(args, env=env, stdout=out, stderr=err, start_new_session=True,
-                                            preexec_fn=dies_with_the_suite())
+            self.process = started(args, env=env, stdout=out, stderr=err, start_new_session=True)
         if ready:
             wait_until(self.ready, timeout=30)
 

@@ -1,20 +1,31 @@
 """Processes the suite starts die with it: a test run killed by a timeout (SIGKILL included) leaves
-no gateway, Redis, proxy or upstream behind. Linux's parent-death signal, asked for by the child
-between fork and exec (gateway/parent_death.py), follows the thread that started the child, so it
-is asked for only from the main thread; a child started from another thread is stopped by its test.
+no gateway, Redis, proxy or upstream behind. Each is started through util-linux's `setpriv
+--pdeathsig TERM`, which asks Linux for the parent-death signal and then executes the command (the
+signal survives the exec), so the test process itself runs no code between fork and exec: a
+`preexec_fn` made Python fork instead of vfork, and a process with grpcio's threads (the RLS
+tests) then ran grpc's fork handlers in the child, which died at start. The signal follows the
+thread that started the child, so it is asked for only from the main thread; a child started from
+another thread is stopped by its test.
 """
 
 from __future__ import annotations
 
-import signal
+import shutil
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
-from gateway.parent_death import dying_with_this_process
+SETPRIV = shutil.which("setpriv")
 
 
-def dies_with_the_suite() -> Callable[[], None] | None:
-    """A `preexec_fn` for subprocess.Popen: SIGTERM to the child when the test run ends, however."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return dying_with_this_process(signal.SIGTERM)
+def dying(args: Sequence[str]) -> list[str]:
+    """`args`, started so that the process gets SIGTERM when the test run ends, however."""
+    if SETPRIV is None or threading.current_thread() is not threading.main_thread():
+        return list(args)
+    return [SETPRIV, "--pdeathsig", "TERM", "--", *args]
+
+
+def started(args: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    """subprocess.Popen of `args` (a list, not a shell string), dying with the test run."""
+    return subprocess.Popen(dying(args), **options)

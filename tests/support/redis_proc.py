@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
 import redis
 
 from gateway.embedded import EmbeddedRedis, redis_server_binary
+from tests.support.orphans import dying
 from tests.support.patience import within
 from tests.support.ports import free_port
 
@@ -52,7 +52,7 @@ class RedisProcess(EmbeddedRedis):
         super().__init__(binary=binary, port=port or free_port(), extra_args=extra_args, env=env)
 
     def start(self, wait: float = 10.0) -> None:
-        self.die_with_parent = threading.current_thread() is threading.main_thread()  # tests/support/orphans.py
+        self.launcher = dying([])  # dies with the test run (tests/support/orphans.py)
         super().start(within(wait))
 
     def stop(self) -> None:

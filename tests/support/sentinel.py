@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.embedded import redis_server_binary
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
@@ -26,10 +26,10 @@ class Sentinel(RedisProcess):
         self.extra_args = ("--sentinel",)
 
     def start(self, wait: float = 10.0) -> None:
-        self.process = subprocess.Popen(
+        self.process = started(
             [redis_server_binary(), str(self.conf), "--sentinel", "--port", str(self.port),
              "--bind", "127.0.0.1", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=dies_with_the_suite(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         wait_until(lambda: self._answers(), timeout=wait)
 

@@ -22,7 +22,7 @@ import time
 
 from aiohttp import web
 
-from tests.support.orphans import dies_with_the_suite
+from tests.support.orphans import started
 from tests.support.ports import free_port
 
 CHUNK = b"x" * (1 << 20)
@@ -149,9 +149,9 @@ class Upstream:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = started(
             [sys.executable, "-m", self.module, "--port", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=dies_with_the_suite(),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         from tests.support.waiting import wait_for_port
 
