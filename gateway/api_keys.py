@@ -79,12 +79,6 @@ class KeyTable:
             return self.plans[self.plan_of[at]]
         return None
 
-    def plan_of_digest(self, value: int) -> str | None:
-        at = bisect.bisect_left(self.digests, value)
-        if at < len(self.digests) and self.digests[at] == value:
-            return self.plans[self.plan_of[at]]
-        return None
-
     def load(self, pairs: Iterable[tuple[int, str]], version: int) -> None:
         """Replace every key: (digest, plan) pairs."""
         self.plans, self.index = [], {}

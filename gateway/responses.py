@@ -91,24 +91,25 @@ def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> H
         return []
     order = [first, *(i for i, rule in enumerate(rules) if i != first and not rule.shadow)]
     states = decision.rules
+    policies = {i: _policy(rules[i]) for i in order}  # one cache lookup per rule
     headers: Headers = []
     if mode != "legacy":  # draft or both
         items = []
         for i in order:
             state = states[i]
-            item = _policy(rules[i]).name + b"%d" % max(0, state.remaining)
+            item = policies[i].name + b"%d" % max(0, state.remaining)
             items.append(item + b";t=%d" % _seconds(state.reset_ms) if state.reset_ms >= 0 else item)
-        headers.append((b"ratelimit-policy", b", ".join(_policy(rules[i]).policy for i in order)))
+        headers.append((b"ratelimit-policy", b", ".join(policies[i].policy for i in order)))
         headers.append((b"ratelimit", b", ".join(items)))
     if mode != "draft":  # legacy or both
         state = states[first]
-        headers.append((b"x-ratelimit-limit", _policy(rules[first]).quota))
+        headers.append((b"x-ratelimit-limit", policies[first].quota))
         headers.append((b"x-ratelimit-remaining", b"%d" % max(0, state.remaining)))
         if state.reset_ms >= 0:
             headers.append((b"x-ratelimit-reset", b"%d" % _seconds(state.reset_ms)))
         named: set[bytes] = set()
         for i in sorted(order, key=lambda i: (i != first, states[i].remaining)):  # the least left per unit
-            policy = _policy(rules[i])
+            policy = policies[i]
             if policy.unit and policy.unit not in named:
                 named.add(policy.unit)
                 headers.append((b"x-ratelimit-limit-" + policy.unit, policy.quota))
