@@ -35,7 +35,11 @@ whatever is left, so a request arms none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import struct
+import termios
 import urllib.parse
 import weakref
 from collections import deque
@@ -57,6 +61,17 @@ READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client soc
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
+
+
+def unsent_bytes(transport: asyncio.WriteTransport) -> int:
+    """Bytes written to a connection that its peer has not taken yet: the transport's buffer and
+    the kernel's send queue (SIOCOUTQ, Linux's TIOCOUTQ on a socket)."""
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    return queued
 
 Headers = list[tuple[bytes, bytes]]
 EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
@@ -746,15 +761,25 @@ class HttpProtocol(asyncio.Protocol):
 
     async def drain(self) -> None:
         """Wait until the client takes what was written. A client that takes nothing for
-        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
+        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost).
+        Taking nothing is judged by the bytes still unsent, the kernel's queue included: the kernel
+        reports a full socket writable only once half its queue (up to megabytes) is gone, which a
+        slow reader that keeps reading can take longer than `send_timeout` to make room for."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.send_timeout)
-        except TimeoutError:
+        unsent = unsent_bytes(self.transport)
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), self.send_timeout)
+                return
+            except TimeoutError:
+                still = unsent_bytes(self.transport)
+                if still < unsent:
+                    unsent = still
+                    continue
             log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
             self.transport.abort()
-            raise ConnectionResetError("the client took nothing of its answer") from None
+            raise ConnectionResetError("the client took nothing of its answer")
 
     def _wake_drain(self) -> None:
         waiters, self.drain_waiters = self.drain_waiters, []

@@ -339,8 +339,10 @@ class Connection(asyncio.Protocol):
         if self.head is None or self.complete or self.closed or self.tunnel is not None:
             return  # idle, or done: the next request arms it again
         quiet = self.loop.time() - self.last_activity
-        if self.sending_body and not self.complete:
-            quiet = 0.0  # the client's body is still coming: its own timeout applies, not the upstream's
+        if (self.sending_body and not self.complete) or self.buffered:
+            # the client's body is still coming, or the client has not yet taken what the upstream
+            # sent: the wait is the client's, and its own timeout applies, not the upstream's
+            quiet = 0.0
         if quiet < self.timeout:
             self.timer = self.loop.call_later(self.timeout - quiet, self._check_timeout)
             return
