@@ -25,6 +25,7 @@ import pytest
 
 from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
 from tests.support.gateway_proc import GatewayProcess
+from tests.support.patience import within
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.rls_client import OK, Descriptor, RlsClient, error_of, request
@@ -54,14 +55,16 @@ class Raw:
         if data:
             self.sock.sendall(data)
 
-    def call(self, body: bytes, end: bool = True, extra: list[tuple[bytes, bytes]] | None = None) -> int:
+    def call(self, body: bytes, end: bool = True, extra: list[tuple[bytes, bytes]] | None = None,
+             send: bool = True) -> int:
         stream = self.conn.get_next_available_stream_id()
         self.conn.send_headers(stream, [(b":method", b"POST"), (b":scheme", b"http"), (b":path", PATH.encode()),
                                         (b":authority", b"rls"), (b"content-type", b"application/grpc"),
                                         (b"te", b"trailers"), *(extra or [])])
         self.conn.send_data(stream, b"\0" + (len(body) if end else MAX_MESSAGE).to_bytes(4, "big") + body,
                             end_stream=end)
-        self.flush()
+        if send:
+            self.flush()
         return stream
 
     def events(self, until: float) -> Iterator[Any]:
@@ -147,14 +150,16 @@ def test_unfinished_bodies_past_the_bound_end_the_connection(port: int) -> None:
 
 
 def test_rapid_resets_end_the_connection(port: int) -> None:
-    """HTTP/2 rapid reset (CVE-2023-44487): calls opened and reset at once, never answered."""
+    """HTTP/2 rapid reset (CVE-2023-44487): calls opened and reset at once, never answered. All are
+    sent in one write: sent one by one, a busy test process left the server time to answer a third
+    of them before their resets came, and answered calls are not an attack."""
     raw = Raw(port)
     try:
         for _ in range(300):
-            stream = raw.call(message())
+            stream = raw.call(message(), send=False)
             raw.conn.reset_stream(stream)
         raw.flush()
-        ended = goaway(raw.events(time.monotonic() + 10))
+        ended = goaway(raw.events(time.monotonic() + within(10)))
         assert ended is not None and ended.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     except (BrokenPipeError, ConnectionResetError):
         pass  # closed while we were still sending: the same outcome
