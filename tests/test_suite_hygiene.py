@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from tests.support import patience
+from tests.support.orphans import started
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +82,24 @@ def test_the_time_factor_is_set_once_and_reaches_child_processes() -> None:
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert float(seen) == factor
     assert patience.within(3.0) == 3.0 * factor
+
+
+def test_processes_start_with_sigint_at_its_default_even_when_the_run_ignores_it() -> None:
+    """A suite started in the background by a script ignores SIGINT; what it starts must not, or a
+    test that interrupts `make run` tests nothing a terminal user would see."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = started(["sleep", "30"])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        def exec_done() -> bool:  # setpriv and env have executed the command
+            return Path(f"/proc/{child.pid}/comm").read_text().strip() == "sleep"
+
+        wait_until(exec_done, timeout=10)
+        status = Path(f"/proc/{child.pid}/status").read_text()
+        mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+        assert not mask & (1 << (signal.SIGINT - 1)), f"SigIgn {mask:x}"
+    finally:
+        child.kill()
+        child.wait()

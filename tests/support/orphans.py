@@ -6,6 +6,11 @@ signal survives the exec), so the test process itself runs no code between fork 
 tests) then ran grpc's fork handlers in the child, which died at start. The signal follows the
 thread that started the child, so it is asked for only from the main thread; a child started from
 another thread is stopped by its test.
+
+Each also starts with SIGINT and SIGQUIT at their default action, as from a terminal: a shell
+without job control starts its background jobs with both ignored, and an ignored signal stays
+ignored across exec, so a suite run as `make test &` from a script had `make run` ignore the SIGINT
+its test sends it (the test waited 60 s and failed; run in the foreground it passed).
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 SETPRIV = shutil.which("setpriv")
+AS_FROM_A_TERMINAL = ["env", "--default-signal=INT,QUIT"]
 
 
 def dying(args: Sequence[str]) -> list[str]:
     """`args`, started so that the process gets SIGTERM when the test run ends, however."""
     if SETPRIV is None or threading.current_thread() is not threading.main_thread():
-        return list(args)
-    return [SETPRIV, "--pdeathsig", "TERM", "--", *args]
+        return [*AS_FROM_A_TERMINAL, *args]
+    return [SETPRIV, "--pdeathsig", "TERM", "--", *AS_FROM_A_TERMINAL, *args]
 
 
 def started(args: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
