@@ -21,11 +21,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from gateway.parent_death import dying_with_this_process
+from gateway.scratch_dirs import remove as remove_scratch_dir
+from gateway.scratch_dirs import scratch_dir
 
 
 def redis_server_binary() -> str:
@@ -62,7 +63,7 @@ class EmbeddedRedis:
         self.port = port
         self.extra_args = extra_args
         self.env = env
-        self.dir = Path(tempfile.mkdtemp(prefix="gateway-redis-"))  # the socket: short, private path
+        self.dir = Path(scratch_dir("gateway-redis-"))  # the socket: short, private path
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.socket_path = str(self.dir / "redis.sock")
         self.die_with_parent = die_with_parent  # only when started from the main thread
@@ -134,4 +135,4 @@ class EmbeddedRedis:
         if self.process is not None and self.process.stderr:
             self.process.stderr.close()
         self.process = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_scratch_dir(str(self.dir))

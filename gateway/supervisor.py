@@ -17,11 +17,9 @@ import logging
 import multiprocessing
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +34,8 @@ from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError
 from gateway.parent_death import die_with_parent
 from gateway.rls.tls import tls_context
+from gateway.scratch_dirs import remove as remove_scratch_dir
+from gateway.scratch_dirs import scratch_dir
 from gateway.settings import Settings
 from gateway.which_redis import needs_embedded_redis
 
@@ -84,7 +84,7 @@ class Supervisor:
         self.stopping = False
         self.reload_requested = False
         self.redis: EmbeddedRedis | None = None
-        self.metrics_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+        self.metrics_dir = scratch_dir("gateway-metrics-")
 
     def run(self) -> int:
         settings = self.settings
@@ -101,7 +101,7 @@ class Supervisor:
                 sockets.append(bind(settings.host, settings.rls_port))
         except OSError as exc:
             log.error("cannot listen: %s", exc)
-            shutil.rmtree(self.metrics_dir, ignore_errors=True)
+            remove_scratch_dir(self.metrics_dir)
             return 1
         if needs_embedded_redis(settings, self.config):
             self.redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=True)
@@ -111,7 +111,7 @@ class Supervisor:
                 log.error("cannot start the embedded redis-server: %s", exc)
                 for sock in sockets:
                     sock.close()
-                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+                remove_scratch_dir(self.metrics_dir)
                 return 1
             settings = replace(settings, embedded_redis_url=self.redis.url)
             self.settings = settings
@@ -223,7 +223,7 @@ class Supervisor:
         if self.redis is not None:
             self.redis.stop()
             log.info("embedded redis-server stopped")
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        remove_scratch_dir(self.metrics_dir)
 
 
 def configure_logging(level: str) -> None:

@@ -89,7 +89,10 @@ def get_quietly(url: str) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_supervisor_killed_with_sigkill_leaves_nothing_behind(workers: int, tmp_path: Path,
                                                                 upstream: Upstream) -> None:
-    gateway = GatewayProcess(ROUTES.format(upstream=upstream.url), tmp_path, workers=workers)  # embedded Redis
+    scratch = tmp_path / "tmp"  # the gateway's temporary directory: its metrics' and Redis's scratch dirs
+    scratch.mkdir()
+    gateway = GatewayProcess(ROUTES.format(upstream=upstream.url), tmp_path, workers=workers,  # embedded Redis
+                             env={"TMPDIR": str(scratch)})
     gateway.start()
     assert gateway.process is not None
     supervisor = gateway.process.pid
@@ -111,6 +114,10 @@ def test_a_supervisor_killed_with_sigkill_leaves_nothing_behind(workers: int, tm
             pytest.fail(f"still running 2 s after the supervisor's SIGKILL: {[p for p in left if not gone(p)]}")
         assert bindable(gateway.port) and bindable(gateway.admin_port), "the next start can listen"
         slow.join(30)
+        assert sorted(p.name.rsplit("-", 1)[0] for p in scratch.iterdir()) == ["gateway-metrics", "gateway-redis"]
+        gateway.start()  # the next start removes what the killed one left in the temporary directory
+        gateway.stop()
+        assert list(scratch.iterdir()) == []
     finally:
         for pid in left:  # never leave one running, whatever failed
             if not gone(pid):

@@ -1,0 +1,42 @@
+"""gateway/scratch_dirs.py: a scratch directory goes when its owner goes, however it went, and
+never while its owner runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.orphans import started
+
+OWN_ONE = ("import sys, tempfile\ntempfile.tempdir = sys.argv[1]\n"
+           "from gateway.scratch_dirs import scratch_dir\nprint(scratch_dir('gateway-x-'), flush=True)\n"
+           "sys.stdin.read()\n")
+
+
+def owner(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    process = started([sys.executable, "-c", OWN_ONE, str(tmp)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    return process, Path(process.stdout.readline().decode().strip())
+
+
+def test_a_killed_owners_directory_goes_and_a_running_owners_stays(tmp_path: Path) -> None:
+    killed, left = owner(tmp_path)
+    running, kept = owner(tmp_path)
+    owners = [killed, running]
+    try:
+        (left / "counter_1.db").write_bytes(b"\0" * 4096)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
+        assert left.is_dir(), "nobody removes it at its owner's death"
+        third, made = owner(tmp_path)  # the next one made sweeps
+        owners.append(third)
+        assert not left.exists()
+        assert kept.is_dir() and made.is_dir()
+        assert (kept / ".owner").exists()
+    finally:
+        for process in owners:
+            process.kill()
+            process.communicate()
