@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gateway_proc import GatewayProcess
@@ -129,7 +129,7 @@ queries = st.one_of(
     query_values.map(lambda v: f"a=1;id={v}"),
 )
 cookie_values = st.sampled_from(['sT', '"sT"', "sQ", "sT%20", " sT ", "sT, sid=x", "sT; sid=x", "sT;x=1",
-                                 '"\\sT"', '"\\163T"', '"s\\T"', '"sT\\""', '"\\x73T"'])
+                                 '"\\sT"', '"\\163T"', '"s\\T"', '"sT\\""', '"\\x73T"', '"s\\005T"'])
 cookies: st.SearchStrategy[list[str]] = st.one_of(
     st.just([]), cookie_values.map(lambda v: [f"Cookie: a=1; sid={v}"]),
     st.tuples(cookie_values, cookie_values).map(lambda p: [f"Cookie: sid={p[0]}", f"Cookie: sid={p[1]}"]))
@@ -208,13 +208,23 @@ def _plain(path: str, field: str, value: str) -> bytes:
     elif field == "id":
         target += "?id=" + quote(value, safe="")
     elif field == "sid":
-        lines.append(f"Cookie: sid={value}")
+        lines.append(f"Cookie: sid={_cookie_spelling(value)}")
     elif field == "host":
         host = value
     else:
         body = bytes.fromhex(value)
     head = [f"POST {target} HTTP/1.1", f"Host: {host}", *lines, f"Content-Length: {len(body)}"]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _cookie_spelling(value: str) -> str:
+    """The value as is when a cookie can carry it so; else quoted, each other character escaped
+    (octal for a control character: `"s\\T"` with a token starting 005 is read as s, \\x05, ...)."""
+    if all(0x20 < ord(c) < 0x7F and c not in '";,\\' for c in value):
+        return value
+    escaped = (c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else "\\" + c if c in '"\\' else f"\\{ord(c):03o}"
+               for c in value)
+    return '"' + "".join(escaped) + '"'
 
 
 def _exchange(port: int, raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -226,6 +236,7 @@ def _exchange(port: int, raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sent_requests)
+@example(Sent(['Cookie: a=1; sid="s\\005T"'], "", "hT.example", (b"", False, [])))  # a control character
 def test_the_value_every_origin_reads_is_what_the_gateway_counts(gateway: GatewayProcess, sent: Sent) -> None:
     token = uuid.uuid4().hex[:12]
     read: dict[str, dict[str, str | None]] = {}
