@@ -12,6 +12,7 @@ from tests.support import patience
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisClock, RedisProcess, binaries
 from tests.support.upstream import Upstream
+from tests.support.windows import clear_of_the_edge
 
 os.environ.setdefault("TZ", "UTC")
 
@@ -22,6 +23,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"time factor: {patience.factor()} ({patience.ENV}; tests/support/patience.py)"
+
+
+@pytest.fixture(autouse=True)
+def _clear_of_a_minutes_edge() -> None:
+    """Every test starts at least 2 s (scaled) before a minute turns (tests/support/windows.py)."""
+    clear_of_the_edge(60.0)
 
 
 @pytest.fixture(scope="session")
