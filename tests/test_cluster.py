@@ -215,27 +215,27 @@ def test_a_hung_primary_holds_back_only_its_own_slots(cluster: RedisCluster) -> 
     hung, healthy = keys[victim.port], [k for port, k in keys.items() if port != victim.port]
     rule = [rule_spec(Rule("stock", (), "quota", limit=1000))]
 
-    async def run() -> tuple[list[bool], list[str], str, bool]:
-        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=within(0.3))))
+    async def run() -> tuple[list[object], list[str], str, bool]:
+        limiter = Limiter(make_runner(RedisSettings(url=cluster.url, mode="cluster", timeout=within(1.0))))
         try:
             return await hang_and_resume(limiter)
         finally:
             await limiter.close()
 
-    async def hang_and_resume(limiter: Limiter) -> tuple[list[bool], list[str], str, bool]:
+    async def hang_and_resume(limiter: Limiter) -> tuple[list[object], list[str], str, bool]:
         for key in keys.values():
             assert (await limiter.decide(rule, [key], [1])).admitted
         assert victim.process is not None
         victim.process.send_signal(signal.SIGSTOP)
         try:
-            admitted: list[bool] = []
+            admitted: list[object] = []  # True, or what a healthy decision got instead
             failures: list[str] = []
             for _ in range(limiter.breaker.failures_to_open + 3):
                 answers = await asyncio.gather(*(limiter.decide(rule, [k], [1]) for k in [hung, *healthy]),
                                                return_exceptions=True)
                 failure = answers[0]
                 failures.append(failure.kind if isinstance(failure, RedisUnavailable) else repr(failure))
-                admitted += [isinstance(a, Decision) and a.admitted for a in answers[1:]]
+                admitted += [True if isinstance(a, Decision) and a.admitted else a for a in answers[1:]]
             state = limiter.breaker_state.name
         finally:
             victim.process.send_signal(signal.SIGCONT)
@@ -249,7 +249,7 @@ def test_a_hung_primary_holds_back_only_its_own_slots(cluster: RedisCluster) -> 
         return admitted, failures, state, back
 
     admitted, failures, state, back = asyncio.run(run())
-    assert all(admitted) and len(admitted) == 2 * (5 + 3), "the other primaries' decisions were answered"
+    assert admitted == [True] * 2 * (5 + 3), f"the other primaries' decisions were answered: {admitted}"
     assert failures[:5] == ["timeout"] * 5 and set(failures[5:]) == {"breaker_open"}, failures
     assert state == "OPEN", "healthz and the metrics show an open breaker"
     assert back, "the hung primary's slots answer again once it does"

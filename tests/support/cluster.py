@@ -22,7 +22,8 @@ class RedisCluster:
         self.binary = binary or redis_server_binary()
         self.nodes = [
             RedisProcess(binary=binary, extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                     "--cluster-node-timeout", "2000"), port=free_cluster_port())
+                                     "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"),
+                         port=free_cluster_port())
             for _ in range(size * (1 + replicas))
         ]
 
