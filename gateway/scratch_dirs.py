@@ -34,9 +34,8 @@ def remove(path: str) -> None:
         os.close(fd)
 
 
-def sweep(prefix: str) -> list[str]:
-    """Remove the directories of `prefix` whose owner is gone; the ones removed."""
-    removed = []
+def sweep(prefix: str) -> None:
+    """Remove the directories of `prefix` whose owner is gone."""
     for candidate in Path(tempfile.gettempdir()).glob(prefix + "*"):
         try:
             fd = os.open(candidate / OWNER, os.O_RDWR | os.O_CLOEXEC)
@@ -46,7 +45,5 @@ def sweep(prefix: str) -> list[str]:
             with contextlib.suppress(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 shutil.rmtree(candidate, ignore_errors=True)
-                removed.append(str(candidate))
         finally:
             os.close(fd)
-    return removed

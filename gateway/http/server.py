@@ -73,6 +73,7 @@ def unsent_bytes(transport: asyncio.WriteTransport) -> int:
             queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
     return queued
 
+
 Headers = list[tuple[bytes, bytes]]
 EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
 

@@ -27,9 +27,10 @@ AS_FROM_A_TERMINAL = ["env", "--default-signal=INT,QUIT"]
 
 def dying(args: Sequence[str]) -> list[str]:
     """`args`, started so that the process gets SIGTERM when the test run ends, however."""
+    command = [*AS_FROM_A_TERMINAL, *args]
     if SETPRIV is None or threading.current_thread() is not threading.main_thread():
-        return [*AS_FROM_A_TERMINAL, *args]
-    return [SETPRIV, "--pdeathsig", "TERM", "--", *AS_FROM_A_TERMINAL, *args]
+        return command
+    return [SETPRIV, "--pdeathsig", "TERM", "--", *command]
 
 
 def started(args: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:

@@ -10,12 +10,9 @@ import time
 from tests.support.patience import within
 
 
-def clear_of_the_edge(period: float = 60.0, margin: float = 2.0) -> float:
+def clear_of_the_edge(period: float = 60.0, margin: float = 2.0) -> None:
     """Return once at least `margin` (scaled by the suite's factor) is left of the current `period`,
-    waiting for the next one to start if less is; the time waited. At most one wait a period."""
-    margin = within(margin)
+    waiting for the next one to start if less is. At most one wait a period."""
     left = period - time.time() % period
-    if left >= margin:
-        return 0.0
-    time.sleep(left + 0.01)  # the clock is the one thing no event announces
-    return left + 0.01
+    if left < within(margin):
+        time.sleep(left + 0.01)  # the clock is the one thing no event announces
