@@ -224,6 +224,30 @@ def test_limits_apply_again_under_load_after_a_fault(
     assert "Traceback" not in gateway.log()
 
 
+def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
+        redis: RedisProcess, upstream: Upstream, tmp_path: Path) -> None:
+    """The other side of recovery: with nothing wrong but a saturated worker and the tightest budget
+    above, the limits never go off. A batch's budget once began when its first call was queued, so
+    a batch the loop sent late failed if Redis took a few ms; one failed batch holds enough calls to
+    open the breaker, and the limits went off for a second about every two seconds."""
+    budget = f"{round(20 * factor())}ms"
+    gateway = _gateway(_config(upstream, budget), tmp_path, redis.url)
+    load = Load(gateway)
+    try:
+        wait_until(lambda: _limits_apply(gateway), timeout=15, interval=0.1)
+        rounds = []
+        watched_until = time.monotonic() + 6.0
+        while time.monotonic() < watched_until:
+            rounds.append(_round(gateway))
+            time.sleep(0.05)
+        off = [seen for seen in rounds if seen != (429, 200)]
+        assert not off, f"{len(off)} of {len(rounds)} rounds saw the limits off: {off[:8]}"
+        assert "Redis unavailable" not in gateway.log()
+    finally:
+        load.stop()
+        assert gateway.stop() == 0
+
+
 def test_limits_apply_again_under_load_after_a_sentinel_failover(upstream: Upstream, tmp_path: Path) -> None:
     with sentinel_topology(tmp_path) as (primary, replica, sentinel):
         _first_in_line(primary, replica, sentinel)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Coroutine, Sequence
@@ -22,6 +23,7 @@ from gateway.keys import state_key
 from gateway.limiter import Decision, Limiter, rule_spec
 from gateway.redis import CONNECT_TIMEOUT, PipelineRunner, make_runner
 from gateway.redis.connections import HiredisPacking
+from tests.support.patience import within
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 
@@ -295,6 +297,42 @@ def test_a_loop_held_past_the_budget_while_redis_answers_costs_no_timeout(
         await limiter.close()
 
     _run_bounded(main(), loop_factory)
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_a_batch_gets_its_whole_budget_from_when_it_is_sent(loop_factory: str) -> None:
+    """The loop holds a call for most of its budget before its batch's first step (a saturated
+    worker), then Redis takes a little while to answer, well within one budget of the send. The
+    call is served: the time queued was the worker's, not Redis's. (Counting it, a batch sent with
+    2 ms of a 20 ms budget left failed when Redis took 3; one such batch opened the breaker of a
+    saturated worker while Redis was healthy.)"""
+    budget = within(0.2)
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    pid = proc.process.pid
+
+    async def main() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=budget)),
+                          breaker=Breaker(failures_to_open=1_000_000))
+        await limiter.decide(QUOTA, [_key()], [1])
+        for _ in range(2):
+            os.kill(pid, signal.SIGSTOP)
+            resumed = threading.Timer(budget * 1.3, os.kill, (pid, signal.SIGCONT))
+            resumed.start()
+            try:
+                call = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+                await asyncio.sleep(0)  # the call is queued and its batch's task created ...
+                time.sleep(budget * 0.9)  # noqa: ASYNC251 (... and the loop held for most of its budget)
+                assert (await asyncio.wait_for(call, 10 * budget)).admitted
+            finally:
+                resumed.join()
+        await limiter.close()
+
+    try:
+        _run_bounded(main(), loop_factory)
+    finally:
+        proc.stop()
 
 
 @pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])

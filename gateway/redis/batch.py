@@ -6,10 +6,11 @@ writes them on one redis-py `Connection` as one packed write and reads their rep
 (`exchange`). Every caller gets its own result or its own exception (a
 gateway.errors.RedisUnavailable subclass).
 
-Time: a call's budget (redis.timeout) starts when it is queued. All calls of a batch were queued in
-the same tick, so the batch carries one deadline, that of its first call: connecting, the exchange,
-a NOSCRIPT reload, redirections and their retries all fit in it, and when it passes the batch's
-task is cancelled and every call still waiting fails with RedisTimeout. One timer per runner
+Time: a batch's budget (redis.timeout) starts when it is sent: connecting, the exchange, a NOSCRIPT
+reload, redirections and their retries all fit in it, and when it passes the batch's task is
+cancelled and every call still waiting fails with RedisTimeout. After a batch Redis left
+unanswered, the calls queued meanwhile keep the budget that began when the first of them was
+queued, so a Redis that stopped answering costs a call one budget, not two. One timer per runner
 watches the deadlines (`_expire`), armed for the earliest batch in flight and moved on when it
 fires (or sooner, for a batch whose deadline comes first), so a batch costs no timer
 of its own (`asyncio.timeout_at` per batch took a timer handle, a Timeout and its cancellation:
@@ -31,12 +32,13 @@ milliseconds of other requests' work between a reply's arrival and the step that
 uvloop runs a due timer before it polls the sockets at all. So a deadline that passes is checked
 against the wire: a batch whose reply is already waiting (in the socket, or read and not yet parsed:
 `reply_waiting`), or that read replies since its budget began (a large pipeline's come as Redis
-works through it), was answered in time and gets a new budget instead of failing; and calls that
-spent their budget queued behind a batch Redis answered get one from their own batch's start.
-Only a batch that Redis leaves unanswered for a whole budget fails, and only calls queued behind
-one that failed fail without being sent. Counting the loop's time had failed decisions Redis
-answered in under a millisecond whenever the worker was saturated; the breaker opened, the
-fail-open route then forwarded everything, the loop got busier still, and nothing came back.
+works through it), was answered in time and gets a new budget instead of failing. Only a batch
+that Redis leaves unanswered for a whole budget fails, and only calls queued behind one that failed
+fail without being sent. Counting the loop's time had failed decisions Redis answered in under a
+millisecond whenever the worker was saturated; the breaker opened, the fail-open route then
+forwarded everything, the loop got busier still, and nothing came back. A batch that spent most of
+its budget waiting for its first step did the same more quietly: sent with 2 ms of a 20 ms budget
+left, it failed if Redis took 3, and one failed batch is enough calls to open the breaker.
 """
 
 from __future__ import annotations
@@ -213,8 +215,8 @@ class Batcher:
         assert task is not None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if now >= deadline and self._answering:
-            deadline = now + self.timeout  # the budget went on the loop's other work, not on Redis
+        if self._answering:
+            deadline = now + self.timeout  # the time queued went on the loop's other work, not on Redis
         self._in_flight[task] = deadline
         watchdog = self._watchdog
         if watchdog is None or deadline < watchdog.when():
