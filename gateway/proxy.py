@@ -22,6 +22,7 @@ UpstreamUnavailable (502) or UpstreamTimeout (504); after it, the client connect
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -52,6 +53,8 @@ class ClientDisconnected(Exception):
 class ClientTooSlow(ClientDisconnected):
     """The client sent nothing of its body for Settings.body_timeout seconds."""
 
+
+log = logging.getLogger("gateway.proxy")
 
 # the answer's status and fields as they arrive -> the (lowercase) names of fields withheld from the client
 HeadHook = Callable[[int, httpx.Headers], frozenset[bytes]]
@@ -169,9 +172,12 @@ class UpstreamClient:
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                         if feed is not None:  # read after the client has it: the stream never waits on it
                             feed(chunk)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if usage is not None:
                     usage.end(False)
+                log.warning("upstream '%s' broke off its %d answer after it began (%s: %s): the client's "
+                            "connection is ended; request id %s", self.upstream.name, status,
+                            exc.__class__.__name__, exc, request_id.decode("latin-1"))
                 return Forwarded(status, aborted=True)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if usage is not None:

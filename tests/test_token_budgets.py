@@ -149,6 +149,9 @@ def test_a_stream_cut_mid_event_keeps_the_reserve(gateway: GatewayProcess) -> No
     settles_to(gateway, k, 1000 - 150)
     time.sleep(0.3)  # nothing more arrives later: the reserve stands
     assert remaining(gateway, k) == 1000 - 150
+    # the operator is told, as nginx's "upstream prematurely closed connection" does
+    broke_off = [line for line in gateway.log().splitlines() if "broke off its 200 answer" in line]
+    assert len(broke_off) == 1 and "upstream 'llm'" in broke_off[0] and "request id " in broke_off[0], broke_off
 
 
 def test_no_usage_keeps_the_reserve_and_an_error_is_refunded(gateway: GatewayProcess) -> None:
