@@ -229,7 +229,7 @@ def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
     """The other side of recovery: with nothing wrong but a saturated worker and the tightest budget
     above, the limits never go off. A batch's budget once began when its first call was queued, so
     a batch the loop sent late failed if Redis took a few ms; one failed batch holds enough calls to
-    open the breaker, and the limits went off for a second about every two seconds."""
+    open the breaker, and the limits went off for a second every one to two seconds."""
     budget = f"{round(20 * factor())}ms"
     gateway = _gateway(_config(upstream, budget), tmp_path, redis.url)
     load = Load(gateway)

@@ -224,8 +224,8 @@ FIELDS: tuple[Field, ...] = (
        "redis://, rediss:// or unix://; empty: embedded. GATEWAY_REDIS_URL and --redis-url override it.",
        default=""),
     _f(REDIS, "mode", Choice(REDIS_MODES), "Redis topology.", default="standalone"),
-    _f(REDIS, "timeout", Duration(), "Longest wait for one decision; past it the failure policy applies.",
-       default=0.05),
+    _f(REDIS, "timeout", Duration(), "Longest Redis may take to answer a decision, counted from when it is "
+       "sent (docs/operations.md); past it the failure policy applies.", default=0.05),
     _f(REDIS, "key_prefix", Name(), "First part of every Redis key.", default="rlgw"),
     _f(REDIS, "sentinel_master", Name(), "Name of the primary the sentinels monitor (mode: sentinel).",
        default="mymaster"),
