@@ -26,6 +26,7 @@ class Breaker:
         self.open_for = open_for  # seconds between probes while open
         self.state = BreakerState.CLOSED
         self._failures = 0
+        self._last_failure: BaseException | None = None  # counted already (see record_failure)
         self._opened_at = 0.0   # when it last opened (monotonic)
         self._counted_to = 0.0  # time open is reported up to here (`open_time`)
 
@@ -36,9 +37,18 @@ class Breaker:
     def record_success(self) -> None:
         """A request's call was answered: failures in a row start again from none."""
         self._failures = 0
+        self._last_failure = None
 
-    def record_failure(self) -> bool:
-        """Count a request's failure; return True when this failure opened the breaker."""
+    def record_failure(self, failure: BaseException | None = None) -> bool:
+        """Count a failed round trip to Redis; return True when it opened the breaker.
+
+        The calls of one batch fail together with one exception (`failure`; in a Cluster, one per
+        node, which each call's own was converted from) and count once: a batch holds tens of calls
+        under load, and counting each made one batch Redis answered late (a stall just over the
+        budget) turn the limits off for a second, as an outage does."""
+        if failure is not None and failure is self._last_failure:
+            return False
+        self._last_failure = failure
         self._failures += 1
         if self.state is BreakerState.CLOSED and self._failures >= self.failures_to_open:
             self.state = BreakerState.OPEN

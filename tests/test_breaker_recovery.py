@@ -248,6 +248,32 @@ def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
         assert gateway.stop() == 0
 
 
+def test_a_redis_stall_just_over_the_budget_does_not_turn_the_limits_off(
+        redis: RedisProcess, upstream: Upstream, tmp_path: Path) -> None:
+    """Redis stops for three budgets once (a fork, a slow command) under load: the decisions in
+    flight fail and follow their failure_mode, but that is one failed round trip, and the breaker
+    does not open (counting each call of that batch, it opened, and the limits were off for a
+    second or more)."""
+    budget = 0.05 * factor()
+    gateway = _gateway(_config(upstream, f"{round(budget * 1000)}ms"), tmp_path, redis.url)
+    load = Load(gateway)
+    try:
+        wait_until(lambda: all(_limits_apply(gateway) for _ in range(ROUNDS_IN_A_ROW)), timeout=15, interval=0.1)
+        assert redis.process is not None
+        os.kill(redis.process.pid, signal.SIGSTOP)
+        time.sleep(budget * 3)
+        os.kill(redis.process.pid, signal.SIGCONT)
+        wait_until(lambda: all(_limits_apply(gateway) for _ in range(ROUNDS_IN_A_ROW)), timeout=15, interval=0.1)
+        log = gateway.log()
+        timeouts = _metric(gateway, 'gateway_redis_errors_total{kind="timeout"}')
+        assert timeouts > 0, "the stall failed no decision: it tested nothing"
+        assert "breaker open" not in log, [line for line in log.splitlines() if "Redis" in line]
+        assert _metric(gateway, "gateway_redis_breaker_open_seconds_total") == 0
+    finally:
+        load.stop()
+        assert gateway.stop() == 0
+
+
 def test_limits_apply_again_under_load_after_a_sentinel_failover(upstream: Upstream, tmp_path: Path) -> None:
     with sentinel_topology(tmp_path) as (primary, replica, sentinel):
         _first_in_line(primary, replica, sentinel)

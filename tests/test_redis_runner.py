@@ -335,6 +335,49 @@ def test_a_batch_gets_its_whole_budget_from_when_it_is_sent(loop_factory: str) -
         proc.stop()
 
 
+def test_one_batch_redis_answers_late_fails_its_calls_and_counts_once_toward_the_breaker() -> None:
+    """A Redis stall just over the budget (a fork, a slow command) while 50 decisions ride in one
+    batch: the 50 fail, as their budget says, but that is one failed round trip, not 50, and the
+    breaker stays closed. (Counting each call, one late batch opened it: the limits off for a
+    second under any load.) Five failed round trips in a row still open it."""
+    budget = within(0.05)
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    pid = proc.process.pid
+
+    async def stalled_round(limiter: Limiter, calls: int) -> list[Any]:
+        os.kill(pid, signal.SIGSTOP)
+        resumed = threading.Timer(budget * 3, os.kill, (pid, signal.SIGCONT))
+        resumed.start()
+        try:
+            return await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(calls)],
+                                        return_exceptions=True)
+        finally:
+            resumed.join()
+
+    async def main() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=budget)))
+        await limiter.decide(QUOTA, [_key()], [1])
+        failed = await stalled_round(limiter, 50)
+        assert all(isinstance(e, RedisTimeout) for e in failed), failed
+        assert limiter.breaker_state.name == "CLOSED"
+        assert (await limiter.decide(QUOTA, [_key()], [1])).admitted
+        for _ in range(limiter.breaker.failures_to_open):
+            assert limiter.breaker_state.name == "CLOSED"
+            failed = await stalled_round(limiter, 10)
+            assert all(isinstance(e, RedisTimeout) for e in failed), failed
+        assert limiter.breaker_state.name == "OPEN"
+        with pytest.raises(BreakerOpen):
+            await limiter.decide(QUOTA, [_key()], [1])
+        await limiter.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proc.stop()
+
+
 @pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
 def test_a_loop_held_while_redis_does_not_answer_still_times_out(loop_factory: str) -> None:
     """The other side of the test above: Redis stopped (SIGSTOP) and the loop held past the budget:

@@ -129,7 +129,12 @@ class Call:
         if future.done():  # the caller went away (its request was cancelled)
             return
         if isinstance(result, BaseException):
-            future.set_exception(convert(result) if isinstance(result, REDIS_FAILURES) else result)
+            if isinstance(result, REDIS_FAILURES):
+                failure = convert(result)
+                failure.__cause__ = result  # one node's failure, shared by the calls it cut (gateway/breaker.py)
+                future.set_exception(failure)
+            else:
+                future.set_exception(result)
         else:
             future.set_result(result)
 
