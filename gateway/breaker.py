@@ -36,16 +36,15 @@ class Breaker:
 
     def record_success(self) -> None:
         """A request's call was answered: failures in a row start again from none."""
-        self._failures = 0
-        self._last_failure = None
+        self._failures = 0  # (the last failure is kept: a new one is never the same object)
 
     def record_failure(self, failure: BaseException | None = None) -> bool:
         """Count a failed round trip to Redis; return True when it opened the breaker.
 
         The calls of one batch fail together with one exception (`failure`; in a Cluster, one per
-        node, which each call's own was converted from) and count once: a batch holds tens of calls
-        under load, and counting each made one batch Redis answered late (a stall just over the
-        budget) turn the limits off for a second, as an outage does."""
+        node) and count once: a batch holds tens of calls under load, and counting each made one
+        batch Redis answered late (a stall just over the budget) turn the limits off for a second,
+        as an outage does."""
         if failure is not None and failure is self._last_failure:
             return False
         self._last_failure = failure

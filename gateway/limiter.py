@@ -180,7 +180,7 @@ class Limiter:
         except RedisUnavailable as exc:
             if self.observe:
                 self.observe(time.perf_counter() - started, False)
-            if breaker.record_failure(exc.__cause__ or exc):
+            if breaker.record_failure(exc):
                 log.warning("Redis unavailable%s (%s): breaker open; routes follow their failure_mode "
                             "until a probe sees it answer (every %.1fs)", _where(domain), exc, breaker.open_for)
                 self._opened(breaker, domain, keys[0])

@@ -129,12 +129,7 @@ class Call:
         if future.done():  # the caller went away (its request was cancelled)
             return
         if isinstance(result, BaseException):
-            if isinstance(result, REDIS_FAILURES):
-                failure = convert(result)
-                failure.__cause__ = result  # one node's failure, shared by the calls it cut (gateway/breaker.py)
-                future.set_exception(failure)
-            else:
-                future.set_exception(result)
+            future.set_exception(convert(result) if isinstance(result, REDIS_FAILURES) else result)
         else:
             future.set_result(result)
 

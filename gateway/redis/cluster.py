@@ -144,7 +144,7 @@ class ClusterRunner(Batcher):
         refresh = False
         for item, reply in zip(items, replies, strict=True):
             if not isinstance(reply, rx.ResponseError):
-                if isinstance(reply, REDIS_FAILURES):
+                if isinstance(reply, BaseException):  # the node's failure (`_node_pipeline`)
                     self._refresh_soon()  # the node may have gone: the calls after these find out
                 item.call.settle(reply)
                 continue
@@ -190,7 +190,7 @@ class ClusterRunner(Batcher):
         try:
             connection = node.acquire_connection()
         except REDIS_FAILURES as exc:  # MaxConnectionsError
-            return [exc] * len(items)
+            return [convert(exc)] * len(items)
         batch = _BATCH.get()
         reading = self._reading.setdefault(batch, []) if batch is not None else []
         mine = (connection, replies)
@@ -200,9 +200,10 @@ class ClusterRunner(Batcher):
             await exchange(connection, commands, replies)
         except REDIS_FAILURES as exc:
             # the connection failed while sending (nothing ran) or while reading (the calls whose
-            # replies did not come may have run): either way those calls fail
+            # replies did not come may have run): either way those calls fail, with one exception
+            # (gateway/breaker.py counts a failed round trip once)
             self._refresh_soon()
-            replies.extend([exc] * (len(commands) - len(replies)))
+            replies.extend([convert(exc)] * (len(commands) - len(replies)))
         finally:
             node.release(connection)
             reading.remove(mine)
