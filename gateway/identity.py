@@ -177,7 +177,7 @@ class RequestView:
     stripped of hop-by-hop fields), computed once and only on demand."""
 
     __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_more", "body_prefix",
-                 "config", "jwt", "params", "plan", "request")
+                 "config", "jwt", "method", "params", "plan", "request")
 
     def __init__(
         self, request: Request, params: dict[str, str], config: Config, jwt: JwtVerifier | None
@@ -194,6 +194,7 @@ class RequestView:
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
         self.plan: str | None = None  # the plan of the request's API key (`keys:`), once read
+        self.method = request.counted_method()  # as the matched route's upstream acts on it
 
     def header(self, name: bytes) -> bytes | None:
         """One header's value; BadRequest if it came more than once."""
@@ -271,7 +272,7 @@ class RequestView:
         if kind == "cookie":
             return self.cookie(source.name.encode("latin-1"))
         if kind == "method":
-            return self.request.method.encode()
+            return self.method.encode()
         if kind == "jwt":
             return self.claim(source.name)
         if kind == "body":

@@ -9,6 +9,10 @@ taken by a later route without `methods` (a catch-all), only by a later route th
 method. Nothing matching, `allowed_methods` tells a 405 (with Allow) from a 404. So a catch-all
 never becomes a way around the limits of `POST /seckill/{item_id}` for `GET /seckill/42`.
 
+A route that lists GET takes HEAD too (the upstream serves it with its GET handler), and a request
+carrying a method-override field is matched as the method the field names, unless the route's
+upstream honours none (`method_override: ignore`): what the upstream acts on is what is matched.
+
 A template matches its path with or without one trailing slash (`/seckill/{item_id}` takes
 `/seckill/42/` too, with the same parameters): most frameworks behind a gateway serve both as one
 resource (Starlette redirects, Django appends, Spring matched both until 6.0), so a slash must not
@@ -55,26 +59,35 @@ def int_params(template: str) -> tuple[str, ...]:
 class CompiledRoute:
     route: Route
     pattern: re.Pattern[str]
-    methods: frozenset[str] | None
+    methods: frozenset[str] | None  # GET brings HEAD
     host: str | None
     numbers: tuple[str, ...] = ()  # its {name:int} parameters
+    honours_override: bool = True
+
+
+def _owned(methods: frozenset[str] | None) -> frozenset[str] | None:
+    """A route's methods as it serves them: one that lists GET serves HEAD with it (RFC 9110 9.3.2)."""
+    return methods | {"HEAD"} if methods is not None and "GET" in methods else methods
 
 
 class Router:
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = tuple(
-            CompiledRoute(r, compile_template(r.path, r.path_case == "insensitive"), r.methods, r.host,
-                          int_params(r.path)) for r in routes
+            CompiledRoute(r, compile_template(r.path, r.path_case == "insensitive"), _owned(r.methods), r.host,
+                          int_params(r.path), r.method_override != "ignore") for r in routes
         )
         self.conditional = any(r.when for r in routes)  # some route asks who is asking
 
-    def match(self, method: str, host: str, path: str,
-              meets: Callable[[Route], bool] | None = None) -> tuple[Route, dict[str, str]] | None:
+    def match(self, method: str, host: str, path: str, meets: Callable[[Route], bool] | None = None,
+              override: str | None = None) -> tuple[Route, dict[str, str]] | None:
+        """`override`: the method a method-override field names, which routes whose upstream honours
+        one match the request as (`Request.counted_method`)."""
         claimed = False  # an earlier route owns this path under other methods
         for compiled in self.routes:
             if compiled.host is not None and compiled.host != host:
                 continue
-            if compiled.methods is not None and method not in compiled.methods:
+            acted_on = override if override is not None and compiled.honours_override else method
+            if compiled.methods is not None and acted_on not in compiled.methods:
                 if not claimed and compiled.pattern.match(path) is not None:
                     claimed = True
                 continue

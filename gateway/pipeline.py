@@ -173,7 +173,7 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
     router = runtime.router
     try:  # a route's `match:` may read a header, claim or address that came twice: a 400, as an identity
         found = router.match(request.method, request.hostname, request.path,
-                             view.meets if router.conditional else None)
+                             view.meets if router.conditional else None, request.override)
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, request)
     if found is None:
@@ -181,12 +181,14 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         if allowed:  # a route owns this path under other methods: a catch-all may not take it
             methods = ", ".join(sorted(allowed))
             status, headers, body = problem(
-                405, f"{request.method} is not allowed on {request.path[:200]}; use {methods}")
+                405, f"{request.override or request.method} is not allowed on {request.path[:200]}; use {methods}")
             headers.append((b"allow", methods.encode()))
             return _answer((status, headers, body), RequestOutcome.METHOD_NOT_ALLOWED, request)
         return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
                        RequestOutcome.NO_ROUTE, request)
     route, view.params = found
+    if request.override is not None and route.method_override == "ignore":
+        view.method = request.counted_method(honour_override=False)
     if request.upgrade and not route.websocket:
         detail = f"route '{route.name}' does not take WebSocket (websocket: true)"
         return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,

@@ -32,6 +32,10 @@ routes:
     match: {{path: "/shop/{{item}}"}}
     upstream: up
     limits: [{{name: user, by: [header:X-User-Id], algorithm: quota, limit: 3, period: 1h}}]
+  - name: search
+    match: {{path: /search, methods: [GET]}}
+    upstream: up
+    limits: [{{name: user, by: [header:X-User-Id], algorithm: quota, limit: 2}}]
   - name: stock
     match: {{path: /stock}}
     upstream: up
@@ -105,6 +109,22 @@ def test_admitted_requests_reach_the_upstream_with_their_headers_and_refused_one
     # another user, and the same user on the proxy port: the same counters
     assert httpx.get(front.url + "/shop/42", headers={"X-User-Id": "bob"}).status_code == 200
     assert httpx.get(front.gateway.url + "/shop/1", headers={"X-User-Id": "alice"}).status_code == 429
+
+
+def test_head_and_overrides_are_counted_as_get_behind_the_proxy(front: Front) -> None:
+    """The docs' recipes with a GET-only route: HEAD (the upstream's GET handler serves it) and a POST
+    naming GET in X-HTTP-Method-Override are counted as GET (before: five HEADs reached the upstream)."""
+    who = {"X-User-Id": f"head-{front.proxy.__class__.__name__}"}
+    assert [httpx.get(front.url + "/search", headers=who).status_code for _ in range(3)] == [200, 200, 429]
+    heads = [httpx.head(front.url + "/search", headers=who) for _ in range(5)]
+    assert [h.status_code for h in heads] == [429] * 5, front.proxy.log()
+    assert not any(reached_upstream(h) for h in heads)
+    overridden = httpx.post(front.url + "/search", headers={**who, "X-HTTP-Method-Override": "GET"})
+    assert overridden.status_code == 429 and not reached_upstream(overridden)
+    fresh = {"X-User-Id": f"head2-{front.proxy.__class__.__name__}"}
+    head = httpx.head(front.url + "/search", headers=fresh)
+    assert head.status_code == 200 and reached_upstream(head)
+    assert [httpx.get(front.url + "/search", headers=fresh).status_code for _ in range(2)] == [200, 429]
 
 
 def test_a_quota_of_100_admits_exactly_100_under_8_concurrent_clients(front: Front) -> None:

@@ -8,8 +8,10 @@ from gateway.match import Router
 UP = Upstream("up", "http://127.0.0.1:1")
 
 
-def route(name: str, path: str, methods: frozenset[str] | None = None, host: str | None = None) -> Route:
-    return Route(name=name, path=path, methods=methods, host=host, upstream=UP, limits=())
+def route(name: str, path: str, methods: frozenset[str] | None = None, host: str | None = None,
+          method_override: str = "honour") -> Route:
+    return Route(name=name, path=path, methods=methods, host=host, upstream=UP, limits=(),
+                 method_override=method_override)
 
 
 ROUTER = Router([
@@ -84,7 +86,7 @@ def test_a_template_matches_the_whole_path_whatever_its_characters() -> None:
     assert strict.match("GET", "", "/files/a\nb") == (strict.routes[0].route, {"rest": "a\nb"})
     assert strict.match("GET", "", "/health.json\n") is None
     assert strict.match("GET", "", "/x/7\n") == (strict.routes[1].route, {"id": "7\n"})
-    assert strict.allowed_methods("", "/files/a\nb") == {"GET"}
+    assert strict.allowed_methods("", "/files/a\nb") == {"GET", "HEAD"}
 
 
 def test_a_route_that_asks_who_is_asking_is_passed_over_when_not_met() -> None:
@@ -100,6 +102,24 @@ def test_a_route_that_asks_who_is_asking_is_passed_over_when_not_met() -> None:
     assert named(True) == "pro"
     assert named(False) == "free"  # the tier's path still has a route: the next one that matches
     # the 405 rule is about methods alone: a POST is refused by the routes' methods, not by the tier
-    assert named(False, "POST") is None and router.allowed_methods("h", "/api/x") == {"GET"}
+    assert named(False, "POST") is None and router.allowed_methods("h", "/api/x") == {"GET", "HEAD"}
     assert Router([pro]).match("GET", "h", "/api/x", lambda r: False) is None
     assert not ROUTER.conditional
+
+
+def test_a_get_route_takes_head_and_an_override_is_matched_as_the_method_it_names() -> None:
+    router = Router([route("read", "/items", methods=frozenset({"GET"})),
+                     route("remove", "/items", methods=frozenset({"DELETE"})),
+                     route("rest", "/{rest:path}")])
+    assert router.match("HEAD", "", "/items") == (router.routes[0].route, {})
+    assert router.match("POST", "", "/items") is None  # owned by GET and DELETE: a 405, not the catch-all's
+    assert router.match("POST", "", "/items", override="DELETE") == (router.routes[1].route, {})
+    assert router.match("POST", "", "/items", override="HEAD") == (router.routes[0].route, {})
+    assert router.allowed_methods("", "/items") == {"GET", "HEAD", "DELETE"}
+
+
+def test_a_route_whose_upstream_ignores_overrides_matches_the_request_line() -> None:
+    router = Router([route("literal", "/x", methods=frozenset({"GET"}), method_override="ignore"),
+                     route("rest", "/{rest:path}")])
+    assert router.match("POST", "", "/x", override="GET") is None
+    assert router.match("GET", "", "/x", override="DELETE") == (router.routes[0].route, {})

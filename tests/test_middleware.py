@@ -36,6 +36,10 @@ routes:
     limits:
       - {{name: user, by: ["header:X-User"], algorithm: fixed_window, limit: 3, window: 1h}}
       - {{name: dedupe, by: ["header:X-User", body], algorithm: sliding_log, limit: 1, window: 1h, status: 409}}
+  - name: lookup
+    match: {{path: "/seen/get-only/{{rest:path}}", methods: [GET]}}
+    limits:
+      - {{name: user, by: ["header:X-User-Id"], algorithm: fixed_window, limit: 2, window: 1h}}
   - name: seen
     match: {{path: "/seen/{{rest:path}}"}}
     limits:
@@ -114,6 +118,18 @@ def test_limits_refusals_and_headers_are_the_proxys(served: Served) -> None:
     assert int(over.headers["retry-after"]) > 0 and over.json()["rule"] == "user"
     missing = client.post("/orders/5", content=b"e")
     assert missing.status_code == 400 and missing.json()["rule"] == "user"
+
+
+def test_head_and_method_overrides_are_counted_as_the_method_the_app_acts_on(served: Served) -> None:
+    """The app serves HEAD with its GET handler, and a framework honouring X-HTTP-Method-Override
+    runs the GET handler for that POST: both are counted as GET (before: passed to the app unlimited)."""
+    who = {"X-User-Id": f"u{uuid.uuid4().hex}"}
+    assert served.client.head("/seen/get-only/a", headers=who).status_code != 429
+    assert served.client.get("/seen/get-only/a", headers=who).status_code == 200
+    assert served.client.get("/seen/get-only/a", headers=who).status_code == 429  # the HEAD took one of two
+    assert served.client.head("/seen/get-only/a", headers=who).status_code == 429
+    overridden = served.client.post("/seen/get-only/a", headers={**who, "X-HTTP-Method-Override": "GET"})
+    assert overridden.status_code == 429
 
 
 def test_the_app_sees_the_request_the_limiter_decided_on(served: Served) -> None:

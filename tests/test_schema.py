@@ -182,6 +182,8 @@ ENUMS = [
     (("defaults", "headers"), Place.DEFAULTS),
     (("routes", 0, "failure_mode"), Place.ROUTE),
     (("routes", 0, "headers"), Place.ROUTE),
+    (("defaults", "method_override"), Place.DEFAULTS),
+    (("routes", 0, "method_override"), Place.ROUTE),
     (("routes", 0, "limits", 0, "algorithm"), Place.RULE),
     (("routes", 0, "limits", 0, "on_missing"), Place.RULE),
     (("jwt", "algorithms"), Place.JWT),

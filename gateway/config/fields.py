@@ -292,6 +292,10 @@ FIELDS: tuple[Field, ...] = (
        "and RateLimit, each a list with every rule the request was counted by, the refusing or most restrictive "
        "first), legacy (X-RateLimit-Limit, -Remaining, -Reset of that rule, and Kong's -Limit-Minute, "
        "-Remaining-Minute per whole second, minute, hour or day window), both or none.", default="draft"),
+    _f((DEFAULTS, ROUTE), "method_override", Choice(("honour", "ignore")), "A request carrying "
+       "X-HTTP-Method-Override, X-HTTP-Method or X-Method-Override: honour matches and counts it as the method "
+       "the field names, as the frameworks that read the field act on it; ignore: as its request line says, "
+       "for an upstream that honours no override. HEAD is counted as GET either way.", default="honour"),
     _f(ROUTE, "respond", Choice(("usage",)), "usage: the route has no upstream and answers, for the caller as "
        "its request identifies it, every rule of the routes in usage_of it is counted by: limit, remaining and "
        "reset, as JSON (GitHub's GET /rate_limit). It charges nothing but its own limits."),

@@ -168,6 +168,7 @@ class Route:
     limits: tuple[Rule, ...]
     failure_mode: str = default(P.ROUTE, "failure_mode")
     headers: str = default(P.ROUTE, "headers")
+    method_override: str = default(P.ROUTE, "method_override")  # "ignore": the upstream honours no override
     shards: int = default(P.ROUTE, "shards")  # hash tags the route's keys spread over (Redis Cluster)
     websocket: bool = default(P.ROUTE, "websocket")  # a WebSocket handshake is forwarded and tunneled
     websocket_idle_timeout: float = default(P.ROUTE, "websocket_idle_timeout")
