@@ -78,6 +78,8 @@ def check(path: str) -> int:
             print(problem, file=sys.stderr)
         print(f"{path}: {len(exc.problems)} error(s)", file=sys.stderr)
         return 2
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     rules = sum(len(r.limits) for r in config.limited_routes)
     counts = ", ".join(_counted(n, noun) for n, noun in
                        ((len(config.routes), "route"), (rules, "rule"), (len(config.upstreams), "upstream"),

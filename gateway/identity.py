@@ -19,6 +19,7 @@ import jwt as pyjwt
 from gateway.config import Config, JwtSettings, Route, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
 from gateway.http.request import Request
+from gateway.typed_values import canonical_bytes
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 MAX_XFF_HOPS = 32
@@ -235,6 +236,8 @@ class RequestView:
         value = self._claims.get(name)
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 42.0 in JSON is the number 42 to the upstream's reader
         return str(value).encode()
 
     def meets(self, route: Route) -> bool:
@@ -259,6 +262,15 @@ class RequestView:
         return not when.plans or self.plan in when.plans
 
     def read(self, source: Source) -> bytes | None:
+        value = self._read(source)
+        if source.type is None or value is None:
+            return value
+        try:
+            return canonical_bytes(source.type, value)
+        except ValueError as exc:
+            raise BadRequest(f"{source.kind}:{source.name} {exc}") from None
+
+    def _read(self, source: Source) -> bytes | None:
         kind = source.kind
         if kind == "header":
             return self.header(source.name.lower().encode("latin-1"))

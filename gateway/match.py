@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 from gateway.config import PARAM, Route
 from gateway.errors import BadRequest
+from gateway.typed_values import TYPES, canonical
 
-# `int` takes every segment with a digit in it (any script's: Python's int() reads fullwidth digits), so a
-# spelling some upstream reads as a number (042, +42, 42.0, 4_2, ' 42') is this route's, never the
-# next one's; Router.match then keeps plain ASCII digits only, as the number they are (42 for 042)
-_PATTERNS = {None: "[^/]+", "str": "[^/]+", "int": r"[^/]*\d[^/]*", "path": ".*"}
-_DIGITS = re.compile(r"[0-9]{1,64}\Z")
+# `int` and `float` take every segment with a digit in it (any script's: Python's int() reads fullwidth
+# digits), so a spelling some upstream reads as a number (042, +42, 42.0, 4_2, ' 42') is this route's,
+# never the next one's; Router.match then keeps one spelling of the number (gateway/typed_values.py)
+_PATTERNS = {None: "[^/]+", "str": "[^/]+", "int": r"[^/]*\d[^/]*", "float": r"[^/]*\d[^/]*", "path": ".*"}
 
 
 def compile_template(template: str, case_insensitive: bool = False) -> re.Pattern[str]:
@@ -51,8 +51,9 @@ def compile_template(template: str, case_insensitive: bool = False) -> re.Patter
     return re.compile("^" + "".join(out) + slash + r"\Z", re.DOTALL | (re.IGNORECASE if case_insensitive else 0))
 
 
-def int_params(template: str) -> tuple[str, ...]:
-    return tuple(m.group(1) for m in PARAM.finditer(template) if m.group(2) == "int")
+def typed_params(template: str) -> tuple[tuple[str, str], ...]:
+    """The template's {name:int} and {name:float} parameters: (name, type)."""
+    return tuple((m.group(1), m.group(2)) for m in PARAM.finditer(template) if m.group(2) in TYPES)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class CompiledRoute:
     pattern: re.Pattern[str]
     methods: frozenset[str] | None  # GET brings HEAD
     host: str | None
-    numbers: tuple[str, ...] = ()  # its {name:int} parameters
+    numbers: tuple[tuple[str, str], ...] = ()  # its {name:int} and {name:float} parameters, with their type
     honours_override: bool = True
 
 
@@ -74,7 +75,7 @@ class Router:
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = tuple(
             CompiledRoute(r, compile_template(r.path, r.path_case == "insensitive"), _owned(r.methods), r.host,
-                          int_params(r.path), r.method_override != "ignore") for r in routes
+                          typed_params(r.path), r.method_override != "ignore") for r in routes
         )
         self.conditional = any(r.when for r in routes)  # some route asks who is asking
 
@@ -98,8 +99,11 @@ class Router:
                 if meets is not None and compiled.route.when and not meets(compiled.route):
                     continue
                 params = found.groupdict()
-                for name in compiled.numbers:
-                    params[name] = _number(name, params[name])
+                for name, type_ in compiled.numbers:
+                    try:
+                        params[name] = canonical(type_, params[name])
+                    except ValueError as exc:
+                        raise BadRequest(f"path parameter {name} {exc}") from None
                 return compiled.route, params
         return None
 
@@ -118,11 +122,3 @@ class Router:
                 allowed |= compiled.methods
         return frozenset(allowed)
 
-
-def _number(name: str, text: str) -> str:
-    """An {name:int} parameter as the number it is: plain ASCII digits, leading zeros dropped.
-    Raises BadRequest for any other spelling of a number (readers disagree on those)."""
-    if _DIGITS.match(text) is None:
-        raise BadRequest(f"path parameter {name} must be written in plain decimal digits (0-9), "
-                         f"not {text[:40]!r}")
-    return str(int(text))

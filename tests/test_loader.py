@@ -88,7 +88,7 @@ def test_repository_routes_yaml_loads_into_the_expected_objects() -> None:
     assert notifications.websocket_idle_timeout == 600.0 and api.websocket_idle_timeout == 3600.0
     assert [str(n) for n in internal.when.client] == ["10.0.0.0/8", "192.168.0.0/16"] and not internal.limits
     assert pro.when.headers == ((b"x-api-key", frozenset({b"pro-key-123"})),)
-    assert seckill.methods == frozenset({"POST"}) and seckill.path == "/seckill/{item_id}"
+    assert seckill.methods == frozenset({"POST"}) and seckill.path == "/seckill/{item_id:int}"
     assert seckill.failure_mode == "closed" and api.failure_mode == "open"
     assert api.headers == "draft"
     user, item, stock, dedupe = seckill.limits

@@ -272,7 +272,7 @@ def test_get_limits_lists_every_route_and_rule_with_its_parameters(example: Gate
     assert routes["chat"]["rules"][0]["cost"] == {"reserve": "request_json:max_tokens", "default": 200,
                                                   "settle": "response_json:usage.total_tokens"}
     seckill = routes["seckill"]
-    assert seckill["match"] == {"path": "/seckill/{item_id}", "methods": ["POST"], "host": None}
+    assert seckill["match"] == {"path": "/seckill/{item_id:int}", "methods": ["POST"], "host": None}
     assert seckill["failure_mode"] == "closed" and seckill["upstream"] == "shop"
     rules = {r["name"]: r for r in seckill["rules"]}
     assert list(rules) == ["user", "item", "stock", "dedupe"]

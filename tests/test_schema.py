@@ -369,6 +369,7 @@ BEYOND_A_SCHEMA = {
     "match_hop_by_hop_header": "a case-insensitive list of header names (unreadable as a pattern)",
     "match_jwt_without_key": "a condition that depends on another section",
     "missing_path_param": "a source that depends on the route's path",
+    "typed_path_disagrees_with_template": "a source that depends on the route's path",
     "missing_upstream": "a reference to another section",
     "shards_cost_exceeds_share": "arithmetic over the rules",
     "shards_first_rule_skips": "depends on the first rule",

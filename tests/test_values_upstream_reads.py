@@ -13,7 +13,11 @@ Each case failed before its fix. The gateway is a real process; the upstream a r
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +46,26 @@ routes:
     match: {{path: /search}}
     upstream: up
     limits: [{{name: who, by: [query:id], algorithm: quota, limit: 1}}]
+  - name: typed-query
+    match: {{path: /orders}}
+    upstream: up
+    limits: [{{name: stock, by: ["query:item:int"], algorithm: quota, limit: 3}}]
+  - name: typed-header
+    match: {{path: /claim}}
+    upstream: up
+    limits: [{{name: once, by: ["header:X-Item:int"], algorithm: quota, limit: 1}}]
+  - name: typed-cookie
+    match: {{path: /cart}}
+    upstream: up
+    limits: [{{name: once, by: ["cookie:n:int"], algorithm: quota, limit: 1}}]
+  - name: typed-float
+    match: {{path: "/price/{{amount:float}}"}}
+    upstream: up
+    limits: [{{name: once, by: [path:amount], algorithm: quota, limit: 1}}]
+  - name: typed-by-source
+    match: {{path: "/lot/{{lot}}"}}
+    upstream: up
+    limits: [{{name: once, by: ["path:lot:int"], algorithm: quota, limit: 1}}]
   - name: everything
     match: {{path: "/{{rest:path}}"}}
     upstream: up
@@ -136,3 +160,79 @@ def test_fastapi_reads_the_refused_spellings_as_numbers() -> None:
 
     assert asyncio.run(read()) == {"042": 42, "+42": 42, "%2042": 42, "42%20": 42}
 
+
+
+def test_a_number_in_the_query_is_counted_as_the_number(gateway: GatewayProcess) -> None:
+    """?item=042 is 42 to FastAPI's `item: int`: a stock of 3 sold 7 times before."""
+    n = item()
+    spellings = [f"{n}", f"0{n}", f"00{n}", f"000{n}", f"%30{n}", f"{n}%20", f"+{n}"]  # '+' is a space in a query
+    statuses = [httpx.post(f"{gateway.url}/orders?item={s}").status_code for s in spellings]
+    assert statuses == [200, 200, 200, 429, 429, 429, 429]
+
+
+def test_a_number_in_a_header_or_cookie_is_counted_as_the_number(gateway: GatewayProcess) -> None:
+    n = item()
+    assert httpx.post(f"{gateway.url}/claim", headers={"X-Item": f"{n}"}).status_code == 200
+    assert httpx.post(f"{gateway.url}/claim", headers={"X-Item": f"0{n}"}).status_code == 429
+    assert httpx.post(f"{gateway.url}/claim", headers={"X-Item": f"00{n}"}).status_code == 429
+    assert httpx.get(f"{gateway.url}/cart", headers={"Cookie": f"n=0{n}"}).status_code == 200
+    assert httpx.get(f"{gateway.url}/cart", headers={"Cookie": f'n="{n}"'}).status_code == 429
+
+
+def test_a_float_is_counted_as_the_number(gateway: GatewayProcess) -> None:
+    n = item()
+    statuses = [httpx.get(f"{gateway.url}/price/{s}").status_code for s in (f"{n}.5", f"0{n}.50", f"{n}.500")]
+    assert statuses == [200, 429, 429]
+    whole = [httpx.get(f"{gateway.url}/price/{s}").status_code for s in (f"{n}", f"{n}.0", f"0{n}.")]
+    assert whole[:2] == [200, 429]
+    assert whole[2] == 400  # '7.' : readers disagree, refused
+
+
+def test_a_source_typed_in_by_reads_an_untyped_template_as_the_number(gateway: GatewayProcess) -> None:
+    n = item()
+    assert [httpx.get(f"{gateway.url}/lot/{s}").status_code for s in (f"{n}", f"0{n}")] == [200, 429]
+
+
+@pytest.mark.parametrize(("where", "request_of"), [
+    ("query", lambda url, v: httpx.post(f"{url}/orders", params={"item": v})),
+    ("header", lambda url, v: httpx.post(f"{url}/claim", headers={"X-Item": v})),
+    ("cookie", lambda url, v: httpx.get(f"{url}/cart", headers={"Cookie": f"n={v}"})),
+])
+@pytest.mark.parametrize("spelling", ["+{n}", "{n}.0", "{n}_1", "-{n}", "{n}e0", "0x{n}", "abc"])
+def test_other_spellings_of_a_typed_source_are_refused(gateway: GatewayProcess, where: str,
+                                                       request_of: Any, spelling: str) -> None:
+    value = spelling.format(n=item())
+    response = request_of(gateway.url, value)
+    assert response.status_code == 400, (where, value, response.text)
+    assert "plain decimal digits" in response.json()["detail"]
+    assert "x-upstream" not in response.headers
+
+
+def test_gateway_check_warns_of_a_stock_counted_by_an_untyped_path_parameter(tmp_path: Path) -> None:
+    config = tmp_path / "routes.yaml"
+    config.write_text("""\
+version: 1
+upstreams: {shop: {url: "http://127.0.0.1:9"}}
+routes:
+  - name: seckill
+    match: {path: "/seckill/{item_id}"}
+    upstream: shop
+    limits:
+      - {name: stock, by: [path:item_id], algorithm: quota, limit: 100}
+  - name: typed
+    match: {path: "/typed/{item_id:int}"}
+    upstream: shop
+    limits: [{name: stock, by: [path:item_id], algorithm: quota, limit: 100}]
+""")
+    checked = subprocess.run([sys.executable, "-m", "gateway", "check", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    warnings = [line for line in checked.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, checked.stderr
+    assert "routes[0](seckill).limits[0](stock).by[0]" in warnings[0] and "{item_id:int}" in warnings[0]
+    assert f"{config}:8:" in warnings[0]
+
+
+def test_the_shipped_routes_file_checks_without_a_warning() -> None:
+    shipped = Path(__file__).parent.parent / "routes.yaml"
+    checked = subprocess.run([sys.executable, "-m", "gateway", "check", str(shipped)], capture_output=True, text=True)
+    assert checked.returncode == 0 and "warning" not in checked.stderr, checked.stderr

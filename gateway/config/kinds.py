@@ -18,7 +18,7 @@ from gateway.units import parse_duration, parse_rate
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|str|int))?\}")
+PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|str|int|float))?\}")
 
 Schema = dict[str, Any]
 ENV: Schema = {"$ref": "#/$defs/envRef"}
@@ -335,6 +335,7 @@ class Conditions(Kind):
 
 SOURCE_KINDS = ("ip", "method", "body", "header", "query", "path", "cookie", "jwt")
 NAMELESS_SOURCES = ("ip", "method", "body")
+TYPED_SOURCES = ("path", "query", "header", "cookie", "jwt")  # :int and :float read as the upstream reads them
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,15 @@ from gateway.config.fields import (
 from gateway.config.kinds import (
     ENV_REF,
     NAMELESS_SOURCES,
+    PARAM,
     SOURCE_KINDS,
     TRUE,
+    TYPED_SOURCES,
     Kind,
     ListOf,
     Name,
     Scalar,
     is_typed,
-    path_params,
 )
 from gateway.config.model import (
     Conditions,
@@ -64,6 +65,9 @@ from gateway.config.model import (
 )
 from gateway.errors import ConfigError, ConfigProblem
 from gateway.http.request import HOP_BY_HOP
+from gateway.typed_values import TYPES
+
+Params = Mapping[str, str | None]  # a route's path parameters and the type its template gives each
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 # RFC 9110's methods, PATCH (RFC 5789), WebDAV's (RFC 4918, 3253, 5323) and the common cache purge
@@ -101,11 +105,16 @@ class _Reader:
         self.file = file
         self.env = env
         self.problems: list[ConfigProblem] = []
+        self.warnings: list[ConfigProblem] = []  # what `gateway check` prints and still accepts
         self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
         self.problems.append(ConfigProblem(self.file, line, key, message))
+
+    def warn(self, node: yaml.Node | None, key: str, message: str) -> None:
+        line = node.start_mark.line + 1 if node is not None else 1
+        self.warnings.append(ConfigProblem(self.file, line, key, message))
 
     def mapping(self, node: yaml.Node, key: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node] | None:
         if not isinstance(node, yaml.MappingNode):
@@ -285,7 +294,7 @@ def parse_config(data: bytes | str, file: str, env: Mapping[str, str], proxy: bo
     config = _build(root, reader)
     if reader.problems or config is None:
         raise ConfigError(reader.problems)
-    return config
+    return replace(config, warnings=tuple(reader.warnings)) if reader.warnings else config
 
 
 def _build(root: yaml.Node, r: _Reader) -> Config | None:
@@ -423,7 +432,7 @@ def _rls_descriptors(node: yaml.Node, key: str, r: _Reader, depth: int) -> list[
         if "limit" in found:
             if entry.unlimited:
                 r.problem(found.nodes["limit"], f"{here}.limit", "an unlimited descriptor has no limit")
-            rule = _rule(found.nodes["limit"], f"{here}.limit", r, [], JwtSettings(), keyed=False)
+            rule = _rule(found.nodes["limit"], f"{here}.limit", r, {}, JwtSettings(), keyed=False)
             if rule is not None:
                 if rule.by:
                     r.problem(_child(found.nodes["limit"], "by"), f"{here}.limit.by",
@@ -540,7 +549,7 @@ def _keys(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> KeysSettings | None:
     if found is None or found.missing:
         return None
     values = r.read(found, "keys", Place.KEYS, skip=["source"])
-    source = _source(found.nodes["source"], "keys.source", r, [], jwt)
+    source = _source(found.nodes["source"], "keys.source", r, {}, jwt)
     plans = values.get("plans", ())
     if not plans:
         r.problem(found.nodes["plans"], "keys.plans", "must name at least one plan")
@@ -583,7 +592,7 @@ def _shared(node: yaml.Node, r: _Reader, jwt: JwtSettings) -> dict[str, Rule]:
     for i, item in enumerate(r.sequence(node, "shared") or []):
         if i == MAX_RULES:
             r.problem(item, f"shared[{i}]", f"at most {MAX_RULES} shared rules")
-        rule = _rule(item, f"shared[{i}]", r, [], jwt)
+        rule = _rule(item, f"shared[{i}]", r, {}, jwt)
         if rule is None:
             continue
         where = f"shared[{i}]({rule.name})"
@@ -678,7 +687,7 @@ def _route(
     if upstream is None and upstream_name is not None:
         known = ", ".join(sorted(upstreams)) or "none defined"
         r.problem(found.nodes["upstream"], f"{key}.upstream", f"no upstream named {upstream_name!r} (known: {known})")
-    rules, rule_nodes = _rules(found, key, r, path_params(path), jwt)
+    rules, rule_nodes = _rules(found, key, r, {m.group(1): m.group(2) for m in PARAM.finditer(path)}, jwt)
     if values.get("shards", 1) > 1:
         _check_shards(found.nodes["shards"], key, r, rules, rule_nodes, values["shards"])
         if any(rule.shared for rule in rules):
@@ -758,7 +767,7 @@ def _conditions(found: Found, place: str, key: str, r: _Reader,
 
 
 def _rules(
-    route: Found, key: str, r: _Reader, params: list[str], jwt: JwtSettings
+    route: Found, key: str, r: _Reader, params: Params, jwt: JwtSettings
 ) -> tuple[list[Rule], list[yaml.Node]]:
     rules: list[Rule] = []
     nodes: list[yaml.Node] = []
@@ -831,7 +840,7 @@ def _child(node: yaml.Node, name: str) -> yaml.Node | None:
     return None
 
 
-def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings,
+def _rule(node: yaml.Node, key: str, r: _Reader, params: Params, jwt: JwtSettings,
           keyed: bool = True) -> Rule | None:
     """One rule; keyed=False: an RLS descriptor's, keyed by the descriptor's values (no `by`)."""
     found = r.section(node, key, Place.RULE, require=False)
@@ -882,6 +891,7 @@ def _rule(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSett
     if found.bad or any(p not in found for p in needed):
         return None
     rule = Rule(name=name, by=tuple(by), algorithm=algorithm, **values)
+    _warn_untyped_numbers(rule, found, key, r, params)
     if rule.window and not MIN_WINDOW <= rule.window <= MAX_SPAN:
         span = "period" if rule.algorithm == Algorithm.QUOTA else "window"
         r.problem(found.nodes.get(span), f"{key}.{span}", "must be from 1ms to 100 years")
@@ -1011,13 +1021,42 @@ def _token_cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
     return out
 
 
-def _source(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Source | None:
+def _warn_untyped_numbers(rule: Rule, found: Found, key: str, r: _Reader, params: Params) -> None:
+    """A stock or a duplicate check counted by an untyped path parameter: `/items/042` and `/items/42`
+    are one item to an upstream that reads it as a number, and two keys to the rule."""
+    if rule.algorithm != Algorithm.QUOTA and not (rule.capacity == 1 and rule.status == 409):
+        return
+    for j, source in enumerate(rule.by):
+        if source.kind == "path" and source.type is None and params.get(source.name) not in TYPES:
+            r.warn(found.nodes.get("by"), f"{key}.by[{j}]",
+                   f"path parameter {source.name!r} is counted as sent: if the upstream reads it as a number, "
+                   f"write {{{source.name}:int}} in the path (or path:{source.name}:int), or 042 and 42 are "
+                   "two keys for one item")
+
+
+def _source(node: yaml.Node, key: str, r: _Reader, params: Params, jwt: JwtSettings) -> Source | None:
     text = r.text(node, key)
     if text is None:
         return None
     kind, _, name = text.partition(":")
     kind = kind.strip()
     name = name.strip()
+    type_: str | None = None
+    if kind in NAMELESS_SOURCES and name in (*TYPES, "str"):
+        r.problem(node, key, f"{kind} takes no type (int and float are for {', '.join(TYPED_SOURCES)})")
+        return None
+    head, colon, tail = name.rpartition(":")
+    if colon and tail.strip() in (*TYPES, "str"):
+        name, type_ = head.strip(), tail.strip()
+        if kind not in TYPED_SOURCES:
+            r.problem(node, key, f"{kind} takes no type (int and float are for {', '.join(TYPED_SOURCES)})")
+            return None
+        if type_ == "str":
+            type_ = None
+        elif kind == "path" and params.get(name) not in (None, type_):
+            r.problem(node, key, f"path parameter {name!r} is {{{name}:{params[name]}}} in the route's path: "
+                                 f"it cannot be read as {type_}")
+            return None
     if kind not in SOURCE_KINDS:
         known = "ip, method, body, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM"
         r.problem(node, key, f"{text!r} is not an identity source (one of: {known})")
@@ -1042,7 +1081,9 @@ def _source(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSe
         if name in UNREADABLE_HEADERS:
             r.problem(node, key, UNREADABLE_HEADERS[name])
             return None
-    return Source(kind, name)
+    if kind == "path" and type_ is None and params.get(name) in TYPES:
+        type_ = params[name]  # {item:int}: the router already keeps one spelling; said so in the source
+    return Source(kind, name, type_)
 
 
 # Fields no identity can read: hop-by-hop or framing (the gateway removes or rewrites them before

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.config.fields import BUCKET_ALGORITHMS, Algorithm, Place, default
+from gateway.errors import ConfigProblem
 
 P = Place
 
@@ -43,9 +44,11 @@ class Upstream:
 class Source:
     kind: str
     name: str = ""
+    type: str | None = None  # "int" or "float": read as the upstream reads that type (gateway/typed_values.py)
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.name}" if self.name else self.kind
+        named = f"{self.kind}:{self.name}" if self.name else self.kind
+        return f"{named}:{self.type}" if self.type else named
 
 
 @dataclass(frozen=True)
@@ -263,6 +266,7 @@ class Config:
     rls: tuple[RlsDomain, ...] = ()  # Envoy's rate limit service (gateway/rls/)
     keys: KeysSettings | None = None  # API keys and plans at runtime (gateway/api_keys.py)
     rls_files: tuple[str, ...] = ()  # the envoyproxy/ratelimit files it read (watched as routes.yaml is)
+    warnings: tuple[ConfigProblem, ...] = ()  # accepted, but likely not what was meant (`gateway check` prints them)
 
     @property
     def limited_routes(self) -> tuple[Route, ...]:
