@@ -23,7 +23,7 @@ from typing import NamedTuple
 from starlette.types import Receive, Scope
 
 from gateway import metrics
-from gateway.config import Rule
+from gateway.config import Route, Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
@@ -187,13 +187,30 @@ def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
         return _answer(problem(404, f"no route matches {request.method} {request.path[:200]}"),
                        RequestOutcome.NO_ROUTE, request)
     route, view.params = found
-    if request.override is not None and route.method_override == "ignore":
-        view.method = request.counted_method(honour_override=False)
+    if request.override is not None:
+        if route.method_override == "ignore":
+            view.method = request.counted_method(honour_override=False)
+        elif (refused := _either_method(runtime, view, request, route)) is not None:
+            return refused
     if request.upgrade and not route.websocket:
         detail = f"route '{route.name}' does not take WebSocket (websocket: true)"
         return _answer(problem(501, detail, route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name, close=True)
     return Matched(request, runtime.plans[route.name], view)
+
+
+def _either_method(runtime: Runtime, view: RequestView, request: Request, route: Route) -> Answer | None:
+    """A 400 when the route of the method an override names is not the route of the request line's:
+    an upstream that honours no override acts on the request line, one that does on the override,
+    and the gateway cannot tell which this one is (`method_override: ignore` says so for a route)."""
+    router = runtime.router
+    literal = router.match(request.method, request.hostname, request.path,
+                           view.meets if router.conditional else None)
+    if literal is None or literal[0] is route:
+        return None  # the request line alone is refused (405, 404) or counted alike: nothing to walk past
+    detail = (f"X-HTTP-Method-Override names {request.override}, which route '{route.name}' takes, while "
+              f"{request.method} is route '{literal[0].name}': the upstream may act on either")
+    return _answer(problem(400, detail, route=route.name), RequestOutcome.BAD_REQUEST, request, route=route.name)
 
 
 def _caller_plan(runtime: Runtime, view: RequestView, request: Request) -> Answer | None:

@@ -272,6 +272,8 @@ def _override(first: dict[bytes, bytes], repeated: set[bytes]) -> str | None:
     for name, value in spelled:
         if name in repeated:
             raise BadRequest(f"header {name.decode()} is sent more than once")
+        if b"_" in name:  # a CGI-style upstream reads it as the override, Starlette and aiohttp do not
+            raise BadRequest(f"header {name.decode()} is an override to some upstreams and not to others")
         text = value.decode("latin-1").upper()  # as Express, Symfony and ASP.NET read it
         if _TOKEN.match(text) is None:
             raise BadRequest(f"header {name.decode()} does not name a method")

@@ -18,7 +18,10 @@ Issue 33's classes have generators of their own: numbers in a typed path paramet
 read by each origin as Python's int() reads it, as FastAPI does: 042, +42, 4_2, 42.0, digits of
 other scripts, percent-encoded), backslash and octal escapes in quoted cookies, query values
 outside Latin-1 and invalid UTF-8, and the path in another case (no route takes it: a 404, nothing
-forwarded).
+forwarded). Round three adds numbers in every typed source (query, header, cookie) and the method
+each origin acts on: HEAD by its GET handler, and method-override fields as a framework honouring
+them reads them (a POST naming GET where POST has its own limited route was counted as GET before,
+and ran the POST handler of every origin here).
 """
 
 from __future__ import annotations
@@ -63,6 +66,21 @@ ROUTE = """
     upstream: {kind}
     limits:
 """ + RULES
+ROUTE += """
+  - name: t-{kind}
+    match: {{{{path: "/t-{kind}/x"}}}}
+    upstream: {kind}
+    limits:
+""" + "\n".join(
+    f"      - {{{{{{{{name: {name}, by: [\"{source}\"], algorithm: fixed_window, limit: 1, window: 1h, "
+    "on_missing: skip}}}}"
+    for name, source in (("q_item", "query:item:int"), ("h_item", "header:X-Item:int"), ("c_item", "cookie:item:int")))
+ROUTE += "".join(f"""
+  - name: m-{method.lower()}-{{kind}}
+    match: {{{{{{{{path: "/m-{{kind}}/x", methods: [{method}]}}}}}}}}
+    upstream: {{kind}}
+    limits: [{{{{{{{{name: {method.lower()}, by: [header:X-Client], algorithm: fixed_window, limit: 1, window: 1h}}}}}}}}]"""
+                 for method in ("GET", "POST", "DELETE"))
 CONFIG = """
 version: 1
 redis: {{timeout: 500ms, key_prefix: {prefix}}}
@@ -290,3 +308,84 @@ def test_origins_disagree_on_the_raw_bytes_so_the_test_has_teeth(origins: Origin
         assert status == 200
         seen[kind] = json.loads(body)["user"]
     assert len(set(seen.values())) > 1, seen
+
+
+# --- round three: a number in every typed source, and the method the origin acts on ------------
+
+TYPED = {"q_item": "query", "h_item": "header", "c_item": "cookie"}
+
+
+def _typed_request(path: str, source: str, spelled: str, raw_text: str) -> bytes:
+    """`spelled` (percent-encoded) in the query, or the raw text in a header or cookie."""
+    target, lines = path, []
+    if source == "query":
+        target += f"?item={spelled}"
+    elif source == "header":
+        lines.append(f"X-Item: {raw_text}")
+    else:
+        lines.append(f"Cookie: a=1; item={raw_text.replace(' ', '%20')}")
+    head = [f"GET {target} HTTP/1.1", "Host: a.example", *lines]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("utf-8")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spellings, st.sampled_from(sorted(TYPED)))
+def test_a_number_in_any_typed_source_is_counted_as_the_number_every_origin_reads(
+        gateway: GatewayProcess, template: str, field: str) -> None:
+    """query:item:int, header:X-Item:int and cookie:item:int: a spelling the gateway forwards is
+    counted as the number each origin's int() reads from it (the plain digits are then refused)."""
+    source = TYPED[field]
+    n = 10**11 + uuid.uuid4().int % 10**11
+    spelled = _spell(template, n)
+    raw_text = template.format(n=n, h=str(n)[:2], t=str(n)[2:], x=f"{n:x}")
+    if "(" in raw_text:  # P(...), A(...), F(...): the decoded text, for a header or cookie
+        raw_text = _spell(template, n).replace("%20", " ")
+        raw_text = bytes.fromhex(raw_text.replace("%", "")).decode() if raw_text.startswith("%") else raw_text
+    for kind in ORIGINS:
+        path = f"/t-{kind}/x"
+        status, headers, body = _exchange(gateway.port, _typed_request(path, source, spelled, raw_text))
+        if status == 400:
+            assert headers.get(b"content-type") == b"application/problem+json", body
+            continue
+        assert status == 200, (kind, source, spelled, status, body)
+        read = json.loads(body)[field]
+        if read is None:
+            continue  # the origin read no number: nothing it acts on went uncounted
+        status, _, body = _exchange(gateway.port, _typed_request(path, source, read, read))
+        assert status == 429 and json.loads(body)["rule"] == field, (kind, source, spelled, read, status, body)
+
+
+LINE_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE")
+override_lines = st.lists(st.tuples(
+    st.sampled_from(["X-HTTP-Method-Override", "x-http-method", "X-Method-Override", "X_HTTP_Method_Override"]),
+    st.sampled_from(["GET", "get", "DELETE", " delete ", "HEAD", "POST", "PUT", "G E T", ""])), max_size=2)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(LINE_METHODS), override_lines)
+@example("HEAD", [])
+@example("POST", [("X-HTTP-Method-Override", "GET")])
+def test_the_method_every_origin_acts_on_is_the_method_counted(gateway: GatewayProcess, method: str,
+                                                               overrides: list[tuple[str, str]]) -> None:
+    """GET, POST and DELETE each own /m-KIND/x with a limit of one per client. Each origin says the
+    method its handler ran as (HEAD by the GET handler) and the one a framework honouring
+    method-override fields would run (Express's method-override, Symfony): whatever the gateway
+    forwarded, a plain request of either method by the same client is refused (429), or is no
+    method the gateway takes there at all (405)."""
+    for kind in ORIGINS:
+        client = uuid.uuid4().hex[:12]
+        head = [f"{method} /m-{kind}/x HTTP/1.1", "Host: a.example", f"X-Client: {client}",
+                *(f"{name}: {value}" for name, value in overrides), "Content-Length: 0"]
+        with Conn(gateway.port) as conn:
+            conn.send(("\r\n".join(head) + "\r\n\r\n").encode())
+            status, headers, body = conn.response(head_only=method == "HEAD")
+        if status in (400, 405):
+            continue  # refused as sent: nothing forwarded
+        assert status == 200, (kind, method, overrides, status, body)
+        read = json.loads(headers[b"x-read"])
+        for acted in {read["method"], read["overridden"]}:
+            plain = f"{acted} /m-{kind}/x HTTP/1.1\r\nHost: a.example\r\nX-Client: {client}\r\nContent-Length: 0\r\n\r\n"
+            status, _, body = _exchange(gateway.port, plain.encode())
+            assert status in (429, 405), (kind, method, overrides, acted, status, body)
+            if status == 429:
+                assert json.loads(body)["rule"] == acted.lower(), (kind, method, overrides, acted, body)
