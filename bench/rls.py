@@ -3,8 +3,8 @@
 (`make bench` runs it after bench/check.py).
 
 1. The gRPC library, by measurement: a bare unary echo (a 48-byte message back) on the gateway's
-   server (gateway/rls/server.py on h2), grpclib's Server and grpcio's asyncio server; server CPU per
-   call at 1 and 50 concurrent calls.
+   server (gateway/rls/server.py) on libnghttp2 (ngh2) and on h2, grpclib's Server and grpcio's
+   asyncio server; server CPU per call at 1 and 50 concurrent calls.
 2. Decisions: the RLS port (3 descriptors, the 3 rules of bench/run.py's route, in the native form)
    on the gateway's server and on grpclib's (tests/support/rls_comparison.py), beside the check port
    deciding the same 3 rules (bench/check.lua): decisions per second and the worker's CPU per
@@ -77,10 +77,11 @@ async def echo(message):
     return message
 
 async def main(kind, port):
-    if kind == "lean":
+    if kind in ("lean", "h2"):
         import socket
+        from gateway.rls.http2 import H2Engine, Ngh2Engine
         from gateway.rls.server import GrpcServer
-        server = GrpcServer({b"/bench.Echo/Call": echo}, {})
+        server = GrpcServer({b"/bench.Echo/Call": echo}, {}, engine=Ngh2Engine if kind == "lean" else H2Engine)
         sock = socket.socket(); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port)); sock.listen(1024)
         await server.start(sock)
@@ -104,7 +105,8 @@ uvloop.install()
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 '''
 ECHO_SERVERS = {
-    "lean": "gateway's server (gateway/rls/server.py on h2)",
+    "lean": "gateway's server (gateway/rls/server.py on libnghttp2, ngh2)",
+    "h2": "gateway's server on h2 (the comparison)",
     "grpclib": "grpclib Server",
     "grpcio": "grpcio asyncio server (grpc.aio)",
 }
@@ -231,6 +233,15 @@ def decision_runs(procs: run.Processes, tmp: Path, duration: float) -> dict[str,
     assert grpclib.metrics_url is not None
     outcomes["rls-grpclib"] = rls_results(grpclib.metrics_url)
     procs.stop(grpclib.process)
+    rls_port = run.free_port()
+    on_h2 = start_gateway(procs, tmp, "gateway-h2", upstream_port, redis_port, rls_port, None,
+                          ["-m", "tests.support.rls_comparison", "h2"])
+    for at in CONCURRENCY:
+        rows.setdefault("rls-h2", {})[at] = measure_grpc(f"http://127.0.0.1:{rls_port}{RLS_PATH}", body, at,
+                                                         duration, on_h2.notes["worker_pids"])
+    assert on_h2.metrics_url is not None
+    outcomes["rls-h2"] = rls_results(on_h2.metrics_url)
+    procs.stop(on_h2.process)
     return {"rows": rows, "outcomes": outcomes, "atomicity": atomicity, "upstream_port": upstream_port,
             "redis_port": redis_port}
 
@@ -361,7 +372,8 @@ def table(report: dict[str, Any]) -> list[str]:
         lines.append(f"| {label} | {one['rps']} | {one['cpu_us_per_call']:.0f} µs | {fifty['rps']} | "
                      f"{fifty['cpu_us_per_call']:.0f} µs |")
     rows = report["decisions"]["rows"]
-    labels = {"rls": "RLS port, the gateway's server (1 worker, 3 descriptors)",
+    labels = {"rls": "RLS port, the gateway's server on libnghttp2 (1 worker, 3 descriptors)",
+              "rls-h2": "RLS port, the gateway's server on h2 (comparison only)",
               "rls-grpclib": "RLS port on grpclib's server (comparison only)",
               "check": "check port (1 worker, the same 3 rules)"}
     lines += ["", "**Decisions** (the gateway worker's CPU per decision):", "",
@@ -396,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per measured run")
     parser.add_argument("--docs", action="store_true", help="write the tables into docs/benchmarks.md")
+    parser.add_argument("--echo-only", action="store_true", help="only part 1, the bare echo servers")
     args = parser.parse_args(argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-rls-") as tmpdir:
@@ -404,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         procs = run.Processes(tmp / "logs")
         try:
             report: dict[str, Any] = {"echo": echo_runs(procs, tmp, args.duration)}
+            if args.echo_only:
+                for kind, label in ECHO_SERVERS.items():
+                    print(label, report["echo"][kind])
+                return 0
             report["decisions"] = decision_runs(procs, tmp, args.duration)
             report["envoy"] = envoy_runs(procs, tmp, args.duration, report["decisions"]["upstream_port"],
                                          report["decisions"]["redis_port"])

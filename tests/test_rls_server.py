@@ -89,13 +89,15 @@ class Raw:
         self.sock.close()
 
 
-@pytest.fixture(scope="module")
-def port(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess) -> Iterator[int]:
+@pytest.fixture(scope="module", params=["lean", "h2"])
+def port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         redis_proc: RedisProcess) -> Iterator[int]:
+    """The RLS port on libnghttp2 (the gateway's) and on h2 (the comparison, gateway/rls/http2.py)."""
     tmp = tmp_path_factory.mktemp("rls-server")
     (tmp / "d.yaml").write_text(FILE)
     rls_port = free_port()
     gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
-                             args=("--rls-port", str(rls_port)))
+                             args=("--rls-port", str(rls_port)), rls_server=request.param)
     gateway.start()
     try:
         yield rls_port

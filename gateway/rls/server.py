@@ -1,10 +1,10 @@
-"""The RLS port's gRPC server: unary calls over HTTP/2 cleartext, on the h2 library's state machine.
+"""The RLS port's gRPC server: unary calls over HTTP/2 cleartext.
 
-h2 (already the HTTP/2 of httpx[http2]) does the framing, HPACK, flow control, SETTINGS, PING and
-GOAWAY; this file adds what gRPC puts on top for unary calls: the path names the method, the body is
-one length-prefixed message, the status goes in trailers. It was chosen by measurement over
-grpcio's asyncio server and grpclib (docs/benchmarks.md, "Behind Envoy"), which
-tests/support/rls_comparison.py runs through the same tests.
+The HTTP/2 engine (gateway/rls/http2.py: libnghttp2 through ngh2; h2 as the comparison) does the
+framing, HPACK, flow control, SETTINGS, PING and GOAWAY; this file adds what gRPC puts on top for
+unary calls: the path names the method, the body is one length-prefixed message, the status goes in
+trailers. Chosen by measurement over h2, grpcio's asyncio server and grpclib (docs/benchmarks.md,
+"Behind Envoy"), which tests/support/rls_comparison.py runs through the same tests.
 
 Bounds, each with a test (tests/test_rls_server.py):
 - per worker MAX_CONNECTIONS connections (more are closed at once);
@@ -23,7 +23,6 @@ last stream taken, later streams refused, the calls in flight answered, then the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -32,14 +31,21 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 from urllib.parse import quote
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-from hyperframe.frame import GoAwayFrame
-
+from gateway.rls.http2 import (
+    CANCEL,
+    DATA,
+    END,
+    ENHANCE_YOUR_CALM,
+    GOAWAY,
+    REFUSED_STREAM,
+    REQUEST,
+    RESET,
+    WINDOW,
+    EngineFactory,
+    Headers,
+    Http2Failure,
+    Ngh2Engine,
+)
 from gateway.rls.service import (
     INVALID_ARGUMENT,
     RESOURCE_EXHAUSTED,
@@ -58,13 +64,6 @@ MAX_RESETS = 100          # client resets beyond twice the calls answered, and t
 BODY_TIMEOUT = 10.0       # seconds for a call's body to end
 IDLE_TIMEOUT = 10.0       # seconds a connection may go without a call (the server's default)
 INTERNAL = 13
-_CONFIG = h2.config.H2Configuration(
-    client_side=False, header_encoding=None,
-    # h2's own checks of every header field cost more than the call; only :method, :path and
-    # content-type are read, and each is checked here
-    validate_inbound_headers=False, validate_outbound_headers=False,
-    normalize_inbound_headers=False, normalize_outbound_headers=False,
-)
 _RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
 _SAFE = " !\"#$&'()*+,-./:;<=>?@[]^_`{|}~"  # grpc-message: all else percent-encoded
@@ -87,10 +86,12 @@ class GrpcProtocol(asyncio.Protocol):
     a path to a handler answered in place (the health check)."""
 
     def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
-                 connections: set[GrpcProtocol], idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 connections: set[GrpcProtocol], idle_timeout: float = IDLE_TIMEOUT,
+                 engine: EngineFactory = Ngh2Engine) -> None:
         self.calls, self.now, self.connections = calls, now, connections
         self.idle_timeout = idle_timeout
-        self.conn = h2.connection.H2Connection(config=_CONFIG)
+        self.conn = engine(MAX_STREAMS, MAX_HEADER_LIST)
+        self.last_stream = 0  # the highest stream a call was opened on
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, _Stream] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -113,12 +114,6 @@ class GrpcProtocol(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connections.add(self)
-        self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
-            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
-        })
-        self.conn.initiate_connection()
-        self.conn.decoder.max_header_list_size = MAX_HEADER_LIST  # h2 applies it only on a settings ACK
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -141,35 +136,35 @@ class GrpcProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY
+            events = self.conn.receive(data)
+        except Http2Failure as exc:
             log.info("RLS connection closed: HTTP/2 protocol error: %s", exc)
             self._flush()
             self._close()
             return
-        for event in events:
-            if isinstance(event, h2.events.RequestReceived):
-                self._request(event.stream_id, event.headers, event.stream_ended is not None)
-            elif isinstance(event, h2.events.DataReceived):
-                self._data(event)
-            elif isinstance(event, h2.events.StreamEnded):
-                self._ended(event.stream_id)
-            elif isinstance(event, h2.events.StreamReset):
-                self._forget(event.stream_id)
+        for kind, stream_id, payload in events:
+            if kind == DATA:
+                self._data(stream_id, payload)
+            elif kind == REQUEST:
+                self._request(stream_id, *payload)
+            elif kind == END:
+                self._ended(stream_id)
+            elif kind == RESET:
+                self._forget(stream_id)
                 self.resets += 1
                 if self.resets > MAX_RESETS + 2 * self.answered:  # the rapid reset attack (CVE-2023-44487)
                     self._calm("too many streams reset")
                     return
-            elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+            elif kind == WINDOW:
                 self._send_pending()
-            elif isinstance(event, h2.events.ConnectionTerminated):  # the client's GOAWAY: answer, then close
+            elif kind == GOAWAY:  # the client's GOAWAY: answer, then close
                 self.closing = True
         self._flush()
         self._finish_if_drained()
 
-    def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+    def _request(self, stream_id: int, headers: Headers, ended: bool) -> None:
         if self.closing:  # after our GOAWAY: refused, the client may retry it elsewhere
-            self._reset(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self.conn.reset(stream_id, REFUSED_STREAM)
             return
         method = path = content_type = b""
         for name, value in headers:
@@ -183,28 +178,23 @@ class GrpcProtocol(asyncio.Protocol):
                                                                               b"application/grpc;"))
         if method != b"POST" or not grpc:
             # not gRPC: HTTP's answer (the gRPC spec's 415 for a foreign content type)
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.conn.send_headers(stream_id, [(b":status", b"415" if method == b"POST" else b"405")],
-                                       end_stream=True)
+            self.conn.headers(stream_id, [(b":status", b"415" if method == b"POST" else b"405")], end_stream=True)
             return
         if path not in self.calls and path not in self.now:
             self._error(stream_id, UNIMPLEMENTED, f"unknown method {path.decode('latin-1')[:200]}")
             return
         self.active = time.monotonic()
+        self.last_stream = max(self.last_stream, stream_id)
         self.streams[stream_id] = _Stream(path, self.active)
         if ended:
             self._ended(stream_id)
 
-    def _data(self, event: h2.events.DataReceived) -> None:
-        stream_id = event.stream_id
-        if event.flow_controlled_length:
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+    def _data(self, stream_id: int, data: bytes) -> None:
         stream = self.streams.get(stream_id)
         if stream is None or stream.refused:
             return
-        stream.body += event.data
-        self.buffered += len(event.data)
+        stream.body += data
+        self.buffered += len(data)
         if len(stream.body) > MAX_MESSAGE + 5:
             self.buffered -= len(stream.body)
             stream.refused = True
@@ -259,35 +249,26 @@ class GrpcProtocol(asyncio.Protocol):
     def _answer(self, stream_id: int, message: bytes) -> None:
         frame = b"\0" + len(message).to_bytes(4, "big") + message
         self.answered += 1
-        with contextlib.suppress(h2.exceptions.ProtocolError):  # the client reset it meanwhile
-            self.conn.send_headers(stream_id, _RESPONSE_HEAD)
-            if self.conn.local_flow_control_window(stream_id) < len(frame):
-                self.pending[stream_id] = frame
-                return
-            self.conn.send_data(stream_id, frame)
-            self.conn.send_headers(stream_id, _OK_TRAILERS, end_stream=True)
+        conn = self.conn
+        conn.headers(stream_id, _RESPONSE_HEAD)
+        if conn.window(stream_id) < len(frame):
+            self.pending[stream_id] = frame
+            return
+        conn.data(stream_id, frame)
+        conn.trailers(stream_id, _OK_TRAILERS)
 
     def _send_pending(self) -> None:
         for stream_id, frame in list(self.pending.items()):
-            try:
-                if self.conn.local_flow_control_window(stream_id) < len(frame):
-                    continue  # this one waits for its window; the others need not
-                self.conn.send_data(stream_id, frame)
-                self.conn.send_headers(stream_id, _OK_TRAILERS, end_stream=True)
-            except h2.exceptions.ProtocolError:
-                pass
+            if self.conn.window(stream_id) < len(frame):
+                continue  # this one waits for its window; the others need not
+            self.conn.data(stream_id, frame)
+            self.conn.trailers(stream_id, _OK_TRAILERS)
             del self.pending[stream_id]
 
     def _error(self, stream_id: int, status: int, message: str) -> None:
         """A trailers-only answer: the status and its message (percent-encoded, gRPC's rule)."""
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.send_headers(stream_id, [*_RESPONSE_HEAD, (b"grpc-status", str(status).encode()),
-                                               (b"grpc-message", quote(message, safe=_SAFE).encode())],
-                                   end_stream=True)
-
-    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.reset_stream(stream_id, code)
+        self.conn.headers(stream_id, [*_RESPONSE_HEAD, (b"grpc-status", str(status).encode()),
+                                      (b"grpc-message", quote(message, safe=_SAFE).encode())], end_stream=True)
 
     def _forget(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -299,7 +280,7 @@ class GrpcProtocol(asyncio.Protocol):
             task.cancel()
 
     def _flush(self) -> None:
-        data = self.conn.data_to_send()
+        data = self.conn.outbound()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
@@ -315,30 +296,24 @@ class GrpcProtocol(asyncio.Protocol):
     def _calm(self, why: str) -> None:
         """A client past a bound: GOAWAY ENHANCE_YOUR_CALM, and the connection ends."""
         log.warning("RLS connection closed: %s", why)
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        self.conn.close(ENHANCE_YOUR_CALM)
         self._flush()
         self._close()
 
     def drain(self) -> None:
-        """Stop taking calls: GOAWAY naming the last stream taken (h2 itself stays open, so the calls
-        in flight can still be answered); close once they are."""
+        """Stop taking calls: GOAWAY naming the last stream taken (the connection stays open, so the
+        calls in flight can still be answered); close once they are."""
         if self.closing or self.transport is None:
             self._finish_if_drained()
             return
         self.closing = True
+        self.conn.drain(self.last_stream)
         self._flush()
-        goaway = GoAwayFrame(0)
-        goaway.last_stream_id = self.conn.highest_inbound_stream_id
-        goaway.error_code = 0
-        if not self.transport.is_closing():
-            self.transport.write(goaway.serialize())
         self._finish_if_drained()
 
     def _finish_if_drained(self) -> None:
         if self.closing and not self.tasks and not self.pending and not self.streams:
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.conn.close_connection()
+            self.conn.close()
             self._flush()
             self._close()
 
@@ -348,10 +323,10 @@ class GrpcProtocol(asyncio.Protocol):
         for stream_id, stream in list(self.streams.items()):
             if now - stream.started > BODY_TIMEOUT:
                 self._forget(stream_id)
-                self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+                self.conn.reset(stream_id, CANCEL)
+                self._flush()  # before a GOAWAY below: libnghttp2 sends nothing after one that closes
         if not self.tasks and not self.streams and now - self.active > self.idle_timeout:
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.conn.close_connection()
+            self.conn.close()
             self._flush()
             self._close()
             return
@@ -363,9 +338,10 @@ class GrpcServer:
     """The listening RLS socket of one worker and its connections."""
 
     def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
-                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, engine: EngineFactory = Ngh2Engine) -> None:
         self.calls, self.now = calls, now
         self.idle_timeout = idle_timeout
+        self.engine = engine  # the HTTP/2 under it (gateway/rls/http2.py); h2 in the comparisons only
         self.connections: set[GrpcProtocol] = set()
         self.server: asyncio.Server | None = None
         self.sweeper: asyncio.Task[None] | None = None
@@ -373,8 +349,8 @@ class GrpcServer:
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections,
-                                                                            self.idle_timeout), sock=sock,
-                                               ssl=tls)
+                                                                    self.idle_timeout, self.engine),
+                                               sock=sock, ssl=tls)
         self.sweeper = loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:

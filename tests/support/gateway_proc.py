@@ -32,7 +32,7 @@ class GatewayProcess:
         self.extra_args = args  # after the defaults: a flag given here wins
         # the libraries' own protocol or transport instead of the gateway's: tests.support.comparison_gateway
         self.comparison = (http, transport, rls_server) != ("gateway", "lean", "lean")
-        self.rls_server = rls_server  # "grpclib": tests.support.rls_comparison
+        self.rls_server = rls_server  # "grpclib" or "h2": tests.support.rls_comparison
         self.http = http
         self.transport = transport
         self.log_path = workdir / "gateway.log"
@@ -51,8 +51,8 @@ class GatewayProcess:
         launcher = ["-m", "gateway"]
         if self.comparison:
             launcher = ["-m", "tests.support.comparison_gateway", "--http", self.http, "--transport", self.transport]
-            if self.rls_server == "grpclib":
-                launcher = ["-m", "tests.support.rls_comparison"]
+            if self.rls_server != "lean":
+                launcher = ["-m", "tests.support.rls_comparison", self.rls_server]
         args = [sys.executable, *launcher, "serve", "--config", str(self.config_path),
                 "--host", "127.0.0.1", "--port", str(self.port), "--admin-port", str(self.admin_port),
                 "--workers", str(self.workers)]

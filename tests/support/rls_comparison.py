@@ -1,10 +1,11 @@
-"""The gateway with grpclib's own gRPC server in place of gateway/rls/server.py, for comparison only
-(tests/test_rls.py runs its cases through both; bench/rls.py measures both):
+"""The gateway with another HTTP/2 or gRPC layer under its RLS port, for comparison only (the RLS
+suites run their cases through each; bench/rls.py measures each):
 
-    python -m tests.support.rls_comparison serve --config ... --rls-port N
+    python -m tests.support.rls_comparison grpclib serve --config ... --rls-port N   # grpclib's server
+    python -m tests.support.rls_comparison h2 serve --config ... --rls-port N        # ours, on h2
 
 The service behind it is the same RateLimitService; only the HTTP/2 and gRPC layer differ. No
-product setting selects it.
+product setting selects either.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from grpclib.server import Server, Stream
 from gateway import cli
 from gateway.app import compose
 from gateway.config import Config
+from gateway.rls.http2 import H2Engine
 from gateway.rls.server import GrpcServer, Unary
 from gateway.rls.service import GrpcError
 from gateway.settings import Settings
@@ -92,19 +94,32 @@ class GrpclibServer(GrpcServer):
             await asyncio.wait_for(self.grpclib.wait_closed(), timeout)
 
 
-def grpclib_worker(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
+def _run(settings: Settings, sockets: list[socket.socket], config: Config,
+         replace: Callable[[GrpcServer], GrpcServer]) -> None:
     configure_logging(settings.log_level)
     composed = compose(settings, config)
     assert composed.rls_server is not None, "serve with --rls-port"
-    composed = composed.__class__(composed.app, composed.lifecycle, composed.endpoint,
-                                  GrpclibServer(composed.rls_server.calls, composed.rls_server.now))
+    composed = composed.__class__(composed.app, composed.lifecycle, composed.endpoint, replace(composed.rls_server))
     run_worker(settings, sockets, composed, server_config(settings, composed))
 
 
+def grpclib_worker(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
+    _run(settings, sockets, config, lambda lean: GrpclibServer(lean.calls, lean.now))
+
+
+def h2_worker(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
+    _run(settings, sockets, config, lambda lean: GrpcServer(lean.calls, lean.now, lean.idle_timeout, H2Engine))
+
+
+WORKERS = {"grpclib": grpclib_worker, "h2": h2_worker}  # module-level: a spawned worker imports them
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = cli.parse_args(list(argv) if argv is not None else sys.argv[1:])
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    kind, argv = (argv[0], argv[1:]) if argv and argv[0] in WORKERS else ("grpclib", argv)
+    args = cli.parse_args(argv)
     assert args.command == "serve", "only `serve` has workers to compare"
-    return cli.serve(cli.resolve_settings(args, os.environ), grpclib_worker)
+    return cli.serve(cli.resolve_settings(args, os.environ), WORKERS[kind])
 
 
 if __name__ == "__main__":
