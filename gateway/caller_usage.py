@@ -54,12 +54,13 @@ def _view(runtime: Runtime, admit: Admit) -> RequestView:
 
 
 def _takes_all_of(earlier: Route, route: Route) -> bool:
-    """Whether `earlier`, tried first, takes every request `route` would match (when its own
-    conditions hold): any path of `route` matches its template, for every method and host of `route`."""
+    """Whether `earlier`, tried first, leaves `route` no request when its own conditions hold: any
+    path of `route` matches its template, under every host of `route`, and it takes the methods of
+    `route` (or `route` names none, and `earlier`, naming some, owns the path: gateway/match.py)."""
     if earlier.host is not None and earlier.host != route.host:
         return False
-    if earlier.methods is not None and (route.methods is None or not route.methods <= earlier.methods):
-        return False
+    if earlier.methods is not None and route.methods is not None and not route.methods <= earlier.methods:
+        return False  # (a route without methods never takes the others: the earlier one owns the path)
     if earlier.path_case != route.path_case and earlier.path_case != "insensitive":
         return False
     if PARAM.search(route.path) is not None:

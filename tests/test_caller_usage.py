@@ -228,6 +228,13 @@ routes:
     limits:
       - {{use: per-key-day}}
       - {{name: free-minute, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 5, window: 1m}}
+  - name: docs-read
+    match: {{path: "/echo/docs", methods: [GET]}}
+    upstream: up
+  - name: docs                      # never matched: the route above owns its path
+    match: {{path: "/echo/docs"}}
+    upstream: up
+    limits: [{{name: docs-any, by: [ip], algorithm: fixed_window, limit: 3, window: 1h}}]
   - name: beta
     match: {{path: "/echo/beta", headers: {{X-Beta: [yes]}}}}
     upstream: up
