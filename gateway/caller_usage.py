@@ -1,10 +1,15 @@
 """`respond: usage` (GitHub's GET /rate_limit): the caller's own usage of every rule it is counted by.
 
-For each route the usage route reports (`usage_of`, default every route with limits), each rule whose
-identity this request carries is looked up as that route would key it (its shard, its override for
-this identity), and all of them are read in one script call that charges nothing (peek); on Redis
-Cluster, one per hash tag the keys live under. A rule whose identity the request lacks (a path
-parameter of another route, a header it did not send) is left out.
+The routes reported (`usage_of`, default every HTTP route with limits) are those this caller could
+match: its plan, headers, verified claims and address meet the route's `match` conditions, and no
+earlier route it meets takes every request of the route's path first (a pro caller never reaches the
+free route of the same path). An RLS domain is not reported: its rules are keyed by the descriptors
+Envoy sends, which no HTTP request carries. For each route reported, each rule whose identity this
+request carries is looked up as that route would key it (its shard, its override for this identity);
+a shared rule (`{use: NAME}`), one counter wherever used, is one row naming every such route. All are
+read in one script call that charges nothing (peek); on Redis Cluster, one per hash tag the keys live
+under. A rule whose identity the request lacks (a path parameter of another route, a header it did
+not send) is left out.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from gateway.config import PARAM, Route
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.problem import Headers, problem
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
 from gateway.limiter import RuleSpec
+from gateway.match import compile_template
 from gateway.outcome import Admit
 from gateway.overrides import overridden
 from gateway.runtime import Runtime
@@ -26,18 +33,69 @@ MAX_PER_CALL = 32  # rules read by one script call (the bound of a route's own)
 
 
 class _Read:
-    __slots__ = ("key", "limit", "route", "rule", "spec")
+    __slots__ = ("key", "limit", "route", "routes", "rule", "spec")
 
-    def __init__(self, route: str, rule: str, limit: int, spec: RuleSpec, key: str) -> None:
+    def __init__(self, route: str, rule: str, limit: int, spec: RuleSpec, key: str, shared: bool) -> None:
         self.route, self.rule, self.limit, self.spec, self.key = route, rule, limit, spec, key
+        self.routes = [route] if shared else None  # a shared rule: every reported route counting by it
+
+
+def _view(runtime: Runtime, admit: Admit) -> RequestView:
+    """The request as `match` conditions read it, with its API key's plan (as gateway/pipeline.py sets it)."""
+    view = RequestView(admit.request, {}, runtime.config, runtime.jwt)
+    settings, table = runtime.config.keys, runtime.keys
+    if settings is not None:
+        try:
+            key = view.read(settings.source)
+        except BadRequest:
+            key = None
+        view.plan = (table.plan(key) if key and table is not None else None) or "none"
+    return view
+
+
+def _takes_all_of(earlier: Route, route: Route) -> bool:
+    """Whether `earlier`, tried first, leaves `route` no request when its own conditions hold: any
+    path of `route` matches its template, under every host of `route`, and it takes the methods of
+    `route` (or `route` names none, and `earlier`, naming some, owns the path: gateway/match.py)."""
+    if earlier.host is not None and earlier.host != route.host:
+        return False
+    if earlier.methods is not None and route.methods is not None and not route.methods <= earlier.methods:
+        return False  # (a route without methods never takes the others: the earlier one owns the path)
+    if earlier.path_case != route.path_case and earlier.path_case != "insensitive":
+        return False
+    if PARAM.search(route.path) is not None:
+        return earlier.path == route.path
+    return compile_template(earlier.path, earlier.path_case == "insensitive").match(route.path) is not None
+
+
+def _could_match(view: RequestView, route: Route, routes: tuple[Route, ...]) -> bool:
+    """Whether this caller could have a request taken by `route`, as gateway/match.py tries routes."""
+    try:
+        if route.when and not view.meets(route):
+            return False
+        for earlier in routes:
+            if earlier is route:
+                return True
+            if _takes_all_of(earlier, route) and (not earlier.when or view.meets(earlier)):
+                return False
+    except BadRequest:  # a header a condition reads came twice: such a request matches nothing
+        return False
+    return True
+
+
+def _reported(runtime: Runtime, admit: Admit, view: RequestView) -> list[str]:
+    routes = runtime.config.routes
+    own = admit.plan.route
+    names = own.usage_of or tuple(r.name for r in routes if r.limits and r.name != own.name)
+    by_name = {r.name: r for r in routes}
+    return [name for name in names if _could_match(view, by_name[name], routes)]
 
 
 def _reads(runtime: Runtime, admit: Admit) -> list[_Read]:
-    view = RequestView(admit.request, {}, runtime.config, runtime.jwt)
-    route = admit.plan.route
-    names = route.usage_of or tuple(r.name for r in runtime.config.limited_routes if r.name != route.name)
+    view = _view(runtime, admit)
     out: list[_Read] = []
-    for name in names:
+    seen: dict[str, _Read] = {}  # by key: a shared rule is one counter, one row
+    for name in _reported(runtime, admit, view):
         plan = runtime.plans[name]
         table = runtime.overrides.get(name)
         shard = 0
@@ -54,13 +112,19 @@ def _reads(runtime: Runtime, admit: Admit) -> list[_Read]:
                 continue
             prefix = plan.shard_prefix_keys[shard][i]
             key = rule_key(prefix, parts, plan.readable[i])
+            if key in seen:
+                routes = seen[key].routes
+                if routes is not None and name not in routes:
+                    routes.append(name)
+                continue
             spec, limit = plan.shard_args[shard][i], rule.quota_size
             found = overridden(table, i, key[len(prefix):]) if table else None
             if found is not None:
                 if found.rule is None:  # unlimited for this identity
                     continue
                 spec, limit = found.specs[shard], found.rule.quota_size
-            out.append(_Read(name, rule.name, limit, spec, key))
+            seen[key] = _Read(name, rule.name, limit, spec, key, rule.shared)
+            out.append(seen[key])
     return out
 
 
@@ -83,8 +147,11 @@ async def usage_answer(runtime: Runtime, admit: Admit) -> Reply:
                 decision = await runtime.limiter.decide([r.spec for r in part], [r.key for r in part],
                                                         [0] * len(part), peek=True)
                 for read, state in zip(part, decision.rules, strict=True):
-                    rows.append({"route": read.route, "rule": read.rule, "limit": read.limit,
-                                 "remaining": max(0, state.remaining), "reset_ms": state.reset_ms})
+                    row: dict[str, object] = {"route": read.route, "rule": read.rule, "limit": read.limit,
+                                              "remaining": max(0, state.remaining), "reset_ms": state.reset_ms}
+                    if read.routes is not None:
+                        row["routes"] = read.routes
+                    rows.append(row)
     except RedisUnavailable:
         status, headers, body = problem(503, "usage is unavailable: Redis does not answer; try again shortly",
                                         route=admit.plan.route.name)

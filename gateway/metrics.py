@@ -108,7 +108,8 @@ UPSTREAM_LATENCY = Histogram(
 )
 UPSTREAM_ERRORS = Counter(
     "gateway_upstream_errors_total",
-    "Upstream failures by upstream and kind (unavailable -> 502, timeout -> 504, aborted).",
+    "Upstream failures by upstream and kind (unavailable -> 502, timeout -> 504, aborted, cost: no declared cost "
+    "that can be read).",
     ["upstream", "kind"],
 )
 RELOADS = Counter(

@@ -295,7 +295,11 @@ def _settling(send: Send, after: Admitted, withheld: frozenset[bytes]) -> Send:
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             fields = [(name.lower(), value) for name, value in message.get("headers", ())]
-            declared = {name.decode("latin-1"): value.decode("latin-1") for name, value in fields if name in withheld}
+            declared: dict[str, str] = {}
+            for name, value in fields:
+                if name in withheld:  # a field sent twice: both values, as httpx.Headers joins them for the proxy
+                    key, text = name.decode("latin-1"), value.decode("latin-1")
+                    declared[key] = f"{declared[key]}, {text}" if key in declared else text
             content_type = next((value.decode("latin-1") for name, value in fields if name == b"content-type"), "")
             after.answered(message["status"], declared, content_type)
             if declared:

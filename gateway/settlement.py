@@ -30,6 +30,7 @@ from gateway.config import Algorithm
 from gateway.errors import RedisUnavailable
 from gateway.limiter import Decision, Limiter, RuleSpec
 from gateway.refusals import LocalRefusals
+from gateway.response_cost import charge
 
 if TYPE_CHECKING:
     from gateway.plan import RoutePlan
@@ -86,7 +87,8 @@ class Settlement:
                     amount = None
             elif rule.charged_after:
                 if not rule.count_on or status in rule.count_on:
-                    amount = _declared(declared, rule.cost_response_header) if rule.cost_response_header else cost
+                    amount = cost if rule.cost_response_header is None else charge(
+                        declared, rule.cost_response_header, rule.capacity, self.plan.route, rule.name)
                     if amount is not None:
                         amount = min(amount, rule.capacity)  # past its capacity a rule is spent all the same
             elif status in rule.refund_on and now < deadline:
@@ -99,14 +101,6 @@ def _windowed(algorithm: str, window: float) -> bool:
     """Whether the rule's count belongs to a window that ends (a quota without period never does)."""
     return algorithm in (Algorithm.FIXED_WINDOW, Algorithm.SLIDING_WINDOW) or (
         algorithm == Algorithm.QUOTA and window > 0)
-
-
-def _declared(fields: Mapping[str, str] | None, name: str) -> int | None:
-    """The cost an upstream declared: a whole number; absent or not one, nothing is charged."""
-    text = (fields or {}).get(name, "").strip()
-    if not (text.isascii() and text.isdigit()) or len(text) > 10:  # '²'.isdigit() is True; int('²') fails
-        return None
-    return int(text) or None
 
 
 class Settler:

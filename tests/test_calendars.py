@@ -5,9 +5,13 @@ the test moves across a month end and both daylight-saving days."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 import uuid
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -192,3 +196,41 @@ def test_a_daylight_saving_day_is_23_or_25_hours_and_retry_after_counts_to_local
             assert client.get("/echo/daily", headers=key).status_code == 200
     finally:
         assert gateway.stop() == 0
+
+
+@pytest.mark.parametrize(("zone", "why"), [
+    ("localtime", "is the host's own zone"), ("posixrules", "is no IANA time zone"),
+    ("right/UTC", "is no IANA time zone"), ("posix/Europe/Berlin", "is no IANA time zone"),
+    ("Factory", "placeholder"), ("/etc/localtime", "is no IANA time zone"),
+    ("utc", "is no IANA time zone (did you mean UTC?)")])
+def test_a_calendar_names_a_zone_every_host_reads_alike(zone: str, why: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(textwrap.dedent(f"""\
+            version: 1
+            upstreams: {{up: {{url: "http://u:1"}}}}
+            routes:
+              - name: r
+                match: {{path: /r}}
+                upstream: up
+                limits:
+                  - {{name: d, by: [ip], algorithm: quota, limit: 5, period: day, calendar: "{zone}"}}
+            """), "routes.yaml", {})
+    shown = [str(p) for p in raised.value.problems]
+    assert any(":8: routes[0](r).limits[0](d).calendar: " in s and why in s for s in shown), shown
+
+
+def test_a_zone_resets_at_the_same_midnight_whatever_the_hosts_zone_files_say(tmp_path: Path) -> None:
+    # a host whose zone files hold other rules for Europe/Berlin (here Tokyo's: an old or broken
+    # image) computes the midnights every other gateway computes: the zones come with the gateway
+    (tmp_path / "Europe").mkdir()
+    (tmp_path / "Europe" / "Berlin").write_bytes(tzdata_file("Asia/Tokyo"))
+    code = ("from gateway.calendars import next_reset, offset_tree; "
+            "print(next_reset('day', 'Europe/Berlin', 1790000000.0)); print(offset_tree('Europe/Berlin'))")
+    there = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONTZPATH": str(tmp_path)},
+                           capture_output=True, text=True, check=True).stdout
+    assert there == f"{next_reset('day', 'Europe/Berlin', 1790000000.0)}\n{offset_tree('Europe/Berlin')}\n"
+    assert there.startswith(f"{_berlin(2026, 9, 22)}\n")
+
+
+def tzdata_file(name: str) -> bytes:
+    return resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).read_bytes()

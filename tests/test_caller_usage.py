@@ -17,6 +17,7 @@ from gateway.errors import ConfigError
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
 
 CONFIG = """
 version: 1
@@ -160,3 +161,124 @@ def test_the_middleware_answers_usage_itself(tmp_path: Path, redis_proc: RedisPr
     assert usage == {"usage": [{"route": "api", "rule": "per-user", "limit": 4, "remaining": 1,
                                 "reset_ms": usage["usage"][0]["reset_ms"]}]}
     assert called == ["/api"] * 3  # the app never saw the usage request
+
+
+RLS_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit}}
+    respond: usage
+  - name: search
+    match: {{path: "/echo/search"}}
+    upstream: up
+    limits: [{{name: per-ip, by: [ip], algorithm: fixed_window, limit: 10, window: 1h}}]
+rls:
+  domains:
+    edge:
+      descriptors:
+        - key: remote_address
+          limit: {{name: per_ip, algorithm: token_bucket, rate: 10/s, burst: 40}}
+"""
+
+
+def test_usage_beside_an_rls_domain_reports_the_http_routes(tmp_path: Path, redis_proc: RedisProcess,
+                                                              upstream: Upstream) -> None:
+    # an RLS domain's rules are keyed by the descriptors Envoy sends, which an HTTP request does not
+    # carry: the usage route reports the HTTP routes only (it answered 500 here)
+    text = RLS_CONFIG.format(prefix=f"r{uuid.uuid4().hex[:8]}", upstream=upstream.url)
+    proc = GatewayProcess(text, tmp_path, redis_url=redis_proc.url)
+    proc.start()
+    try:
+        with httpx.Client(base_url=proc.url) as client:
+            assert client.get("/echo/search").status_code == 200
+            seen = _usage(client)
+            assert set(seen) == {("search", "per-ip")} and seen["search", "per-ip"]["remaining"] == 9
+    finally:
+        assert proc.stop() == 0
+    assert "Traceback" not in proc.log(), proc.log()
+
+
+WHO_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+keys: {{source: "header:X-Api-Key", unknown: pass, plans: [free, pro]}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+shared:
+  - {{name: per-key-day, by: ["header:X-Api-Key"], algorithm: quota, limit: 1000, period: 1d}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit}}
+    respond: usage
+  - name: internal
+    match: {{path: "/echo/admin", client: [10.0.0.0/8]}}
+    upstream: up
+    limits: [{{name: staff, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 9, window: 1h}}]
+  - name: search-pro
+    match: {{path: "/echo/search", plan: pro}}
+    upstream: up
+    limits:
+      - {{use: per-key-day}}
+      - {{name: pro-minute, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 100, window: 1m}}
+  - name: search
+    match: {{path: "/echo/search"}}
+    upstream: up
+    limits:
+      - {{use: per-key-day}}
+      - {{name: free-minute, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 5, window: 1m}}
+  - name: docs-read
+    match: {{path: "/echo/docs", methods: [GET]}}
+    upstream: up
+  - name: docs                      # never matched: the route above owns its path
+    match: {{path: "/echo/docs"}}
+    upstream: up
+    limits: [{{name: docs-any, by: [ip], algorithm: fixed_window, limit: 3, window: 1h}}]
+  - name: beta
+    match: {{path: "/echo/beta", headers: {{X-Beta: [yes]}}}}
+    upstream: up
+    limits:
+      - {{use: per-key-day}}
+      - {{name: testers, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 7, window: 1h}}
+"""
+
+
+def test_usage_lists_only_routes_the_caller_could_match_and_a_shared_rule_once(
+        tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> None:
+    text = WHO_CONFIG.format(prefix=f"w{uuid.uuid4().hex[:8]}", upstream=upstream.url)
+    proc = GatewayProcess(text, tmp_path, redis_url=redis_proc.url)
+    proc.start()
+    free, pro = "free-" + uuid.uuid4().hex, "pro-" + uuid.uuid4().hex
+    try:
+        with httpx.Client(base_url=proc.admin_url) as admin:
+            for key, plan in ((free, "free"), (pro, "pro")):
+                assert admin.put("/keys", params={"key": key}, json={"plan": plan}).status_code == 200
+        with httpx.Client(base_url=proc.url) as client:
+            wait_until(lambda: client.get("/echo/search", headers={"X-Api-Key": pro}).headers
+                       .get("ratelimit-policy", "").find("pro-minute") >= 0, timeout=5)
+            assert client.get("/echo/search", headers={"X-Api-Key": free}).status_code == 200
+            # a free caller from 127.0.0.1: neither the pro route nor the 10/8 one; the shared rule once
+            seen = _rows(client, free)
+            assert [(row["route"], row["rule"]) for row in seen] == [("search", "per-key-day"),
+                                                                     ("search", "free-minute")]
+            assert seen[0]["remaining"] == 999 and seen[0]["routes"] == ["search"]
+            assert seen[1]["remaining"] == 4
+            # a header the beta route asks for: that route too, its shared rule still once
+            beta = _rows(client, free, {"X-Beta": "yes"})
+            assert [(row["route"], row["rule"]) for row in beta] == [
+                ("search", "per-key-day"), ("search", "free-minute"), ("beta", "testers")]
+            assert beta[0]["routes"] == ["search", "beta"]
+            # a pro caller: the pro route, not the free one it never reaches on the same path
+            mine = _rows(client, pro)
+            assert [(row["route"], row["rule"]) for row in mine] == [("search-pro", "per-key-day"),
+                                                                     ("search-pro", "pro-minute")]
+    finally:
+        assert proc.stop() == 0
+
+
+def _rows(client: httpx.Client, key: str, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    answer = client.get("/rate_limit", headers={"X-Api-Key": key, **(headers or {})})
+    assert answer.status_code == 200, answer.text
+    rows: list[dict[str, Any]] = answer.json()["usage"]
+    return rows

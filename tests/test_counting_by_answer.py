@@ -3,7 +3,11 @@ refunds of a flash sale's stock when the order failed; against a real gateway, R
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import signal
+import socketserver
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -163,3 +167,133 @@ def test_a_charge_redis_cannot_take_is_counted_and_named(tmp_path: Path) -> None
         upstream.stop()
         own.stop()
     assert "route login rule failures lost a charge of 1 after the answer" in gateway.log()
+
+
+# what an upstream may put in its answer's head (or tail) to declare a cost, and what the rule
+# (a quota of 100: its capacity) is charged for it; the gateway's server protocol drops trailers
+DECLARED = {
+    "plus": (b"X-Tokens: +7\r\n", 7),
+    "fraction": (b"X-Tokens: 2.5\r\n", 3),                   # rounded up: never less than meant
+    "exponent": (b"X-Tokens: 1e1\r\n", 10),
+    "arabic-indic": ("X-Tokens: ٣\r\n".encode(), 3),
+    "eleven-digits": (b"X-Tokens: 12345678901\r\n", 100),    # past the capacity: the capacity
+    "two-fields": (b"X-Tokens: 3\r\nX-Tokens: 40\r\n", 40),  # the largest
+    "hex": (b"X-Tokens: 0x10\r\n", 100),                     # unreadable: the most a request is charged
+    "garbage": (b"X-Tokens: lots\r\n", 100),
+    "trailer": (b"Trailer: X-Tokens\r\n", 100),              # declared where the gateway cannot read it
+}
+UNREADABLE = ("hex", "garbage", "trailer")
+
+
+class _Declaring(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        head = self.rfile.readline()
+        while self.rfile.readline() not in (b"\r\n", b""):
+            pass
+        fields, _ = DECLARED[head.split(b" ")[1].decode().rsplit("/", 1)[1]]
+        chunked = fields.startswith(b"Trailer")
+        framing = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: 2\r\n"
+        body = b"2\r\nok\r\n0\r\nX-Tokens: 40\r\n\r\n" if chunked else b"ok"
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + framing + fields + b"\r\n" + body)
+
+
+DECLARING_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+upstreams: {{declaring: {{url: "http://127.0.0.1:{port}"}}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit}}
+    respond: usage
+  - name: llm
+    match: {{path: "/cost/{{case}}"}}
+    upstream: declaring
+    limits: [{{name: tokens, by: ["header:X-User"], algorithm: quota, limit: 100, cost: "response_header:X-Tokens"}}]
+"""
+
+
+def test_every_spelling_of_a_declared_cost_is_charged_as_meant_never_as_nothing(
+        tmp_path: Path, redis_proc: RedisProcess) -> None:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Declaring)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    text = DECLARING_CONFIG.format(prefix=f"d{uuid.uuid4().hex[:8]}", port=server.server_address[1])
+    gateway = GatewayProcess(text, tmp_path, redis_url=redis_proc.url)
+    gateway.start()
+    try:
+        with httpx.Client(base_url=gateway.url) as client:
+            for case in DECLARED:
+                answer = client.get(f"/cost/{case}", headers={"X-User": case})
+                assert answer.status_code == 200 and "x-tokens" not in answer.headers
+            charged = {}
+            for case in DECLARED:
+                wait_until(functools.partial(_charged, client, case), timeout=5)
+                charged[case] = 100 - _remaining(client, case)
+            assert charged == {case: cost for case, (_, cost) in DECLARED.items()}
+            metrics = httpx.get(gateway.admin_url + "/metrics").text
+            assert 'gateway_upstream_errors_total{kind="cost",upstream="declaring"} 3.0' in metrics
+    finally:
+        assert gateway.stop() == 0
+        server.shutdown()
+        server.server_close()
+    log = gateway.log()
+    assert log.count("upstream declaring declared no cost in x-tokens that can be read") == len(UNREADABLE), log
+    assert "Traceback" not in log
+
+
+def _charged(client: httpx.Client, user: str) -> bool:
+    return _remaining(client, user) < 100
+
+
+def _remaining(client: httpx.Client, user: str) -> int:
+    rows = client.get("/rate_limit", headers={"X-User": user}).json()["usage"]
+    return int(next(row["remaining"] for row in rows if row["rule"] == "tokens"))
+
+
+MIDDLEWARE_CONFIG = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit}}
+    respond: usage
+  - name: llm
+    match: {{path: "/cost/{{case}}"}}
+    limits: [{{name: tokens, by: ["header:X-User"], algorithm: quota, limit: 100, cost: "response_header:X-Tokens"}}]
+"""
+
+
+def test_the_middleware_reads_a_declared_cost_as_the_proxy_does(tmp_path: Path, redis_proc: RedisProcess) -> None:
+    from starlette.types import Receive, Scope, Send
+
+    from gateway import RateLimitMiddleware
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raw = DECLARED[scope["path"].rsplit("/", 1)[1]][0]
+        fields = [tuple(line.split(b": ", 1)) for line in raw.split(b"\r\n") if line]
+        await send({"type": "http.response.start", "status": 200, "headers": fields})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = tmp_path / "routes.yaml"
+    config.write_text(MIDDLEWARE_CONFIG.format(prefix=f"m{uuid.uuid4().hex[:8]}"))
+    cases = ("two-fields", "arabic-indic", "fraction", "garbage")
+
+    async def main() -> dict[str, int]:
+        guarded = RateLimitMiddleware(app, config=str(config), redis_url=redis_proc.url)
+        try:
+            transport = httpx.ASGITransport(app=guarded)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+                for case in cases:
+                    answer = await client.get(f"/cost/{case}", headers={"X-User": case})
+                    assert answer.status_code == 200 and "x-tokens" not in answer.headers
+                charged: dict[str, int] = {}
+                for case in cases:
+                    while case not in charged:  # the charge leaves in the background: the next reads see it
+                        rows = (await client.get("/rate_limit", headers={"X-User": case})).json()["usage"]
+                        if rows[0]["remaining"] < 100:
+                            charged[case] = 100 - int(rows[0]["remaining"])
+                        await asyncio.sleep(0.02)
+                return charged
+        finally:
+            await guarded.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == {case: DECLARED[case][1] for case in cases}

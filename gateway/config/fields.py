@@ -33,6 +33,7 @@ from gateway.config.kinds import (
     Template,
     Text,
     Window,
+    Zone,
 )
 
 
@@ -345,8 +346,9 @@ FIELDS: tuple[Field, ...] = (
     _f(RULE, "period", Window(window=True), "Refill the whole limit every period: 1ms to 100 years, or "
        "`day`, `week` (from Monday) or `month` (from the 1st), reset at local midnight of `calendar`.",
        attr="window", optional_for=_QUOTA, shown="never"),
-    _f(RULE, "calendar", Text(what="IANA time zone"), "The time zone of a day, week or month window or "
-       "period: its resets are local midnights (a day across a daylight-saving change is 23 or 25 hours).",
+    _f(RULE, "calendar", Zone(), "The time zone of a day, week or month window or "
+       "period: its resets are local midnights (a day across a daylight-saving change is 23 or 25 hours). A zone "
+       "of the tzdata package, read from it whatever the host's zone files say; not `localtime`.",
        default="UTC", optional_for=(Algorithm.FIXED_WINDOW, Algorithm.QUOTA)),
     _f(RULE, "lease", Duration(window=True), "concurrency: how long a slot outlives a gateway that died holding "
        "it (a request in flight renews its lease while it lasts).", default=60.0, optional_for=_CONCURRENCY,

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.calendars import NOMINAL, Period
+from gateway.calendars import NOMINAL, ZONE_SHAPE, Period, zone_problem
 from gateway.units import parse_duration, parse_rate
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -214,6 +214,20 @@ class Text(Scalar):
         text["pattern"] = self.pattern
         alternatives = [{"type": "null"}] if self.nullable else []
         return {"anyOf": [*alternatives, text, ENV]}
+
+
+@dataclass(frozen=True)
+class Zone(Text):
+    """A time zone every host reads alike (gateway/calendars.py); the schema gives its shape."""
+
+    pattern: str | None = ZONE_SHAPE
+    what: str = "IANA time zone"
+
+    def parse(self, text: str) -> str:
+        problem = zone_problem(text)
+        if problem is not None:
+            raise ValueError(problem)
+        return text
 
 
 def path_params(template: str) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from gateway.calendars import NOMINAL, Period, zone_problem
+from gateway.calendars import NOMINAL, Period
 from gateway.config import rls
 from gateway.config.fields import (
     BUCKET_ALGORITHMS,
@@ -466,9 +466,6 @@ def _calendar(found: Found, key: str, r: _Reader, algorithm: Algorithm, values: 
     elif "calendar" in values:
         r.problem(found.nodes["calendar"], f"{key}.calendar",
                   f"goes with a {span} of day, week or month (a duration's windows are not local)")
-    if "calendar" in values and (problem := zone_problem(values["calendar"])) is not None:
-        r.problem(found.nodes["calendar"], f"{key}.calendar", problem)
-        found.bad.add("calendar")
 
 
 def _redis(top: Found, r: _Reader) -> RedisSettings:
