@@ -5,11 +5,13 @@ digits of any script (`٣`, as Python's int() reads them), a fraction rounded up
 less than meant), an exponent (`1e3`). Past the rule's capacity (11 digits, `1e9`): the capacity.
 Several fields, or one listing several values: the largest. `0`: nothing, as the upstream says.
 
-A field that is no such number (hex, a negative, text, empty), or no field in the answer's head (a
-cost sent in a trailer, which the gateway never reads, or forgotten): the rule's capacity, the most
-one request can be charged, so a broken upstream, or a request that makes it answer so, cannot
-walk around the budget. Each one is a warning naming the upstream and the field, and counts in
-gateway_upstream_errors_total{kind="cost"}.
+A field that is no such number (hex, a negative, text, empty), or a success (2xx) without the field
+in its head (a cost sent in a trailer, which the gateway never reads, or forgotten): the rule's
+capacity, the most one request can be charged, so a broken upstream, or a request that makes it
+answer so, cannot walk around the budget. Each one is a warning naming the upstream and the field,
+and counts in gateway_upstream_errors_total{kind="cost"}. An answer that is no success and declares
+nothing (a framework's own 404 or 500 page) is charged nothing: it did no work the upstream bills,
+and charging it the capacity would spend a caller's whole budget on one error page.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ def declared_cost(value: str, capacity: int) -> int | None:
     return max(costs)
 
 
-def charge(fields: Mapping[str, str] | None, name: str, capacity: int, route: Route, rule: str) -> int | None:
+def charge(fields: Mapping[str, str] | None, name: str, capacity: int, route: Route, rule: str,
+           status: int = 200) -> int | None:
     """What an answer's fields make the rule owe (None: the gateway answered itself, nothing is owed)."""
     if fields is None:
         return None
     value = fields.get(name)
+    if value is None and not 200 <= status < 300:
+        return None
     cost = declared_cost(value, capacity) if value is not None else None
     if cost is not None:
         return cost

@@ -88,7 +88,7 @@ class Settlement:
             elif rule.charged_after:
                 if not rule.count_on or status in rule.count_on:
                     amount = cost if rule.cost_response_header is None else charge(
-                        declared, rule.cost_response_header, rule.capacity, self.plan.route, rule.name)
+                        declared, rule.cost_response_header, rule.capacity, self.plan.route, rule.name, status)
                     if amount is not None:
                         amount = min(amount, rule.capacity)  # past its capacity a rule is spent all the same
             elif status in rule.refund_on and now < deadline:
