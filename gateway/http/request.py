@@ -78,6 +78,7 @@ class Request:
     underscored: frozenset[bytes] = frozenset()  # names sent with `_`, spelled with `-`
     trimmed: bool = False                # some field value came with whitespace around it
     upgrade: bool = False                # a WebSocket handshake (Upgrade: websocket, no body)
+    body_rewritten: bool = False         # the gateway changed the body (a token budget's stream_options)
 
     @property
     def hostname(self) -> str:
