@@ -30,7 +30,7 @@ Path = tuple[str, ...]
 # Fields that bound an answer's tokens, read beside the reserve's own field when it is one of them
 # (OpenAI's Chat Completions and Responses, Gemini); fields that multiply it (answers asked for)
 BOUNDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "maxOutputTokens")
-CHOICES = ("n", "best_of", "candidateCount")
+CHOICES = ("n", "best_of", "candidateCount", "candidate_count")
 _WHOLE = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")  # what pydantic's lax int reads of a string
 _TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})  # ... and its lax bool, lowercased
 
@@ -97,7 +97,7 @@ class Asked(NamedTuple):
 
     bound: int | None   # the largest field that bounds each answer; None: none given
     field: str          # ... its name
-    choices: int        # answers asked for (n), at least 1
+    choices: int        # answers asked for (n, best_of, a list of prompts), at least 1
     streams: bool       # "stream": true, as the upstream reads it
     reports: bool       # stream_options.include_usage: true, as the upstream reads it
 
@@ -123,15 +123,27 @@ def asked(body: bytes | None, more: bool, limit: int, path: Path) -> Asked:
             if number and (bound is None or number > bound):  # 0: no bound to some servers
                 bound, field = number, name
     choices = max((number for name in CHOICES for number in _numbers(parents, name)), default=1)
+    choices = max(choices, 1) * max((_prompts(value) for value in _each(parents, "prompt")), default=1)
     streams = any(truthy(value) for value in values(document, ("stream",)))
     reporting = values(document, ("stream_options", "include_usage"))
     reports = bool(reporting) and all(truthy(value) for value in reporting)
-    return Asked(bound, field, max(choices, 1), streams, reports)
+    return Asked(bound, field, choices, streams, reports)
+
+
+def _prompts(prompt: Any) -> int:
+    """Completions asked for by a legacy `prompt`: one per string or token list of a list of them."""
+    if isinstance(prompt, list) and prompt and all(isinstance(item, str | list) for item in prompt):
+        return len(prompt)
+    return 1
+
+
+def _each(parents: list[Any], name: str) -> list[Any]:
+    return [value for parent in parents for value in values(parent, (name,))]
 
 
 def _numbers(parents: list[Any], name: str) -> list[int]:
     out = []
-    for value in (item for parent in parents for item in values(parent, (name,))):
+    for value in _each(parents, name):
         try:
             number = whole_number(value)
         except ValueError:

@@ -233,6 +233,8 @@ SPELLINGS = [
 BOUNDS = [
     b'"max_completion_tokens": 9000', b'"max_output_tokens": 9000', b'"max_tokens": 10, "max_completion_tokens": 9000',
     b'"max_tokens": 900, "n": 10', b'"max_tokens": 900, "n": "10"', b'"max_tokens": 900, "best_of": 10',
+    b'"max_tokens": 900, "prompt": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]',
+    b'"max_tokens": 2250, "n": 2, "prompt": [[1, 2], [3]]',
 ]
 
 

@@ -135,6 +135,8 @@ def test_every_field_that_bounds_the_answer_and_every_copy_of_it() -> None:
     assert bound(b'{"max_tokens": 900, "max_tokens": 10}') == (900, "max_tokens", 1)  # the first to some readers
     assert bound(b'{"max_output_tokens": 9e2, "n": "3", "best_of": 4}') == (900, "max_output_tokens", 4)
     assert bound(b'{"n": 0}') == (None, "max_tokens", 1)
+    assert bound(b'{"max_tokens": 5, "n": 2, "prompt": ["a", "b", "c"]}') == (5, "max_tokens", 6)
+    assert bound(b'{"max_tokens": 5, "prompt": [1, 2, 3]}') == (5, "max_tokens", 1)  # one prompt, as tokens
     assert bound(b"") == (None, "max_tokens", 1)
     nested = asked(b'{"generationConfig": {"maxOutputTokens": 50, "candidateCount": 2}}', False, 4096,
                    ("generationConfig", "maxOutputTokens"))

@@ -9,7 +9,8 @@ The request's JSON also says what the answer does:
     "used": N            the total the answer reports (absent: none)
     "prompt_used": N     the prompt's tokens in it (default 1)
     "fill": true         the answer generates as many tokens as the request allows (vLLM: the first
-                         of max_completion_tokens, max_tokens, times n or best_of) and reports them
+                         of max_completion_tokens, max_tokens, times n or best_of and the number of
+                         prompts of a legacy completion) and reports them
     "tag": NAME          count what answers generate under NAME (`generated[NAME]`)
     "duplicate": SHAPE   the JSON answer repeats a usage field, the smaller last ("usage" or "field")
     "style": "openai"    OpenAI's chunks and final usage chunk (stream_options.include_usage), or
@@ -58,6 +59,7 @@ class Asked(BaseModel):
     best_of: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
 
     @property
     def bound(self) -> int:
@@ -65,7 +67,8 @@ class Asked(BaseModel):
 
     @property
     def generated(self) -> int:
-        return self.bound * max(self.n, self.best_of or 1)
+        prompts = len(self.prompt) if isinstance(self.prompt, list) and not isinstance(self.prompt[0], int) else 1
+        return self.bound * max(self.n, self.best_of or 1) * prompts
 
     @property
     def include_usage(self) -> bool:
