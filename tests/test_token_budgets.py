@@ -509,3 +509,31 @@ routes:
         app.terminate()
         app.wait(10)
         assert "Traceback" not in log.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(("cost", "says"), [
+    ('{reserve: "request_json:max_tokens", default: 100, max: 50, settle: "response_json:usage.total_tokens"}',
+     "less than the default reserve 100"),
+    ('{reserve: "request_json:max_tokens", max: 0, settle: "response_json:usage.total_tokens"}', "whole number from 1"),
+    ('{reserve: "request_json:max_tokens", max: "lots", settle: "response_json:usage.total_tokens"}',
+     "whole number from 1"),
+    ('{reserve: 500, max: 900, settle: "response_json:usage.total_tokens"}', "request_json:FIELD"),
+])
+def test_a_max_that_can_bound_nothing_is_a_config_error(tmp_path: Any, cost: str, says: str) -> None:
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    (tmp_path / "routes.yaml").write_text(f"""\
+version: 1
+upstreams: {{llm: {{url: "http://127.0.0.1:9"}}}}
+routes:
+  - name: chat
+    match: {{path: /v1/chat/completions}}
+    upstream: llm
+    limits:
+      - {{name: hour, by: [ip], algorithm: fixed_window, limit: 1000, window: 1h, cost: {cost}}}
+""")
+    with pytest.raises(ConfigError) as raised:
+        load_config(tmp_path / "routes.yaml")
+    assert [p.key for p in raised.value.problems] == ["routes[0](chat).limits[0](hour).cost.max"], raised.value
+    assert says in str(raised.value)
