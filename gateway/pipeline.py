@@ -38,7 +38,7 @@ from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import Runtime
 from gateway.settlement import Settlement
-from gateway.usage import asked, asking_usage
+from gateway.usage import reserve
 
 MAX_COST_HEADER = 1_000_000_000
 SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
@@ -322,22 +322,8 @@ async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[by
 
 
 def _cost(rule: Rule, view: RequestView) -> int:
-    if rule.reserve_field is not None:  # a token budget: what the upstream may generate (gateway/usage.py)
-        request = asked(view.body_prefix, view.body_more, view.config.body_digest_max_bytes, rule.reserve_field)
-        reserve = (rule.cost if request.bound is None else request.bound) * request.choices
-        why = f"'{request.field}' {request.bound}" if request.bound is not None else f"the default {rule.cost}"
-        why += f" x {request.choices} answers" if request.choices > 1 else ""
-        if rule.settle_field is not None and rule.settle_field[-1] == "total_tokens":
-            if request.streams and not request.reports:  # else the stream carries no usage to settle by
-                view.body_prefix = asking_usage(view.body_prefix or b"")
-                view.request.content_length, view.request.chunked = len(view.body_prefix), False
-                view.request.body_rewritten = True
-            reserve += len(view.body_prefix or b"")  # the prompt: never more tokens than bytes
-            why += f" and a prompt of {len(view.body_prefix or b'')} bytes"
-        most = min(rule.reserve_max or rule.capacity, rule.capacity)
-        if reserve > most:
-            raise BadRequest(f"{why} reserve {reserve} tokens; rule '{rule.name}' takes at most {most}")
-        return reserve
+    if rule.reserve_field is not None:  # a token budget: what the upstream may generate
+        return reserve(rule, view)
     header = rule.cost_header
     if header is None:
         return rule.cost

@@ -1,5 +1,10 @@
-"""Token budgets (SPEC section 2): what a request reserves, read from its JSON body, and what its
-answer says it used, read from the answer's JSON or from its Server-Sent Events as they stream by.
+"""Token budgets: what a request reserves, read from its JSON body, and what its answer says it
+used, read from the answer's JSON or from its Server-Sent Events as they stream by.
+
+The reserve is read as the upstream reads it (`reserve`): every spelling pydantic's lax mode reads
+as a whole number, every field that bounds the answer and every copy of a repeated key (the largest
+counts), times the answers asked for; what cannot be read so is refused, never reserved at the
+default (docs/algorithms.md, "How the reserve is read").
 
 `UsageReader` sees the answer's body after each piece has gone to the client: it never holds the
 stream back and never changes it. It keeps the last MAX_EVENT bytes of a stream (the usage is in
@@ -16,9 +21,13 @@ import math
 import re
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.errors import BadRequest
+
+if TYPE_CHECKING:
+    from gateway.config import Rule
+    from gateway.identity import RequestView
 
 MAX_EVENT = 256 * 1024      # bytes of one SSE event kept while it arrives
 MAX_JSON = 1024 * 1024      # bytes of a JSON answer kept to read its usage
@@ -154,6 +163,37 @@ def _numbers(parents: list[Any], name: str) -> list[int]:
                 raise BadRequest(f"'{name}' must be a whole number >= 0; got {number}")
             out.append(number)
     return out
+
+
+OPENAI_TOTAL = ("usage", "total_tokens")
+
+
+def reserve(rule: Rule, view: RequestView) -> int:
+    """What a token budget reserves for this request: the largest bound (else the default) times
+    the answers asked for, and on a `total_tokens` budget the prompt, bounded by the body's bytes.
+    A stream settled on OpenAI's usage that did not ask for it gets the body that does (`view`'s
+    body and framing changed: what is forwarded). Raises BodyTooLarge, BadRequest."""
+    assert rule.reserve_field is not None
+    request = asked(view.body_prefix, view.body_more, view.config.body_digest_max_bytes, rule.reserve_field)
+    tokens = (rule.cost if request.bound is None else request.bound) * request.choices
+    why = f"'{request.field}' {request.bound}" if request.bound is not None else f"the default {rule.cost}"
+    why += f" x {request.choices} answers" if request.choices > 1 else ""
+    if rule.settle_field is not None and rule.settle_field[-1] == "total_tokens":
+        if rule.settle_field == OPENAI_TOTAL and request.streams and not request.reports:
+            _ask_usage(view)
+        tokens += len(view.body_prefix or b"")  # the prompt: never more tokens than bytes
+        why += f" and a prompt of {len(view.body_prefix or b'')} bytes"
+    most = min(rule.reserve_max or rule.capacity, rule.capacity)
+    if tokens > most:
+        raise BadRequest(f"{why} reserve {tokens} tokens; rule '{rule.name}' takes at most {most}")
+    return tokens
+
+
+def _ask_usage(view: RequestView) -> None:
+    """The body forwarded (by the proxy, or to the app by the middleware) asks for the usage."""
+    view.body_prefix = asking_usage(view.body_prefix or b"")
+    view.request.content_length, view.request.chunked = len(view.body_prefix), False
+    view.request.body_rewritten = True
 
 
 def asking_usage(body: bytes) -> bytes:
