@@ -343,7 +343,7 @@ def test_a_stream_is_asked_for_its_usage(gateway: GatewayProcess, llm: LlmUpstre
     by it. The client's stream keeps the usage chunk (an OpenAI client reads past it)."""
     k = key()
     body: dict[str, Any] = {"messages": [{"role": "user", "content": "word " * 6100}], "max_tokens": 10,
-                            "stream": stream, "used": 15040, "prompt_used": 15030}
+                            "stream": stream, "used": 15040, "prompt_used": 15030, "tag": k}
     if options is not None:
         body["stream_options"] = options
     data = encoded(body)
@@ -352,7 +352,7 @@ def test_a_stream_is_asked_for_its_usage(gateway: GatewayProcess, llm: LlmUpstre
                           headers={"X-Api-Key": k, "content-type": "application/json"})
     assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n"), response.text[-300:]
     length, forwarded = llm.received[-1]  # the upstream read its Content-Length's bytes, and they are JSON
-    assert forwarded["stream_options"]["include_usage"] is True and length != len(data)
+    assert forwarded["tag"] == k and forwarded["stream_options"]["include_usage"] is True and length != len(data)
     assert {k: v for k, v in forwarded.items() if k != "stream_options"} == {
         k: v for k, v in body.items() if k != "stream_options"}
     assert '"total_tokens": 15040' in response.text

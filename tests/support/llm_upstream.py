@@ -32,7 +32,6 @@ Redis from LLM_EMBED_CONFIG and LLM_EMBED_REDIS_URL): it answers what it receive
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import threading
@@ -143,8 +142,10 @@ class LlmUpstream:
                         request_id = value.strip().decode()
                 body = await reader.readexactly(length) if length else b""
                 self.requests += 1
-                with contextlib.suppress(ValueError):
+                try:
                     self.received.append((length, json.loads(body) if body else None))
+                except ValueError:
+                    self.received.append((length, "not JSON"))
                 model = read(body)
                 if model is None:
                     await self._refuse(writer)
