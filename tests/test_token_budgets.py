@@ -225,6 +225,9 @@ def test_a_body_that_is_not_json_or_over_the_read_bound_is_refused(gateway: Gate
     assert too_large.status_code == 413 and "identity.body_max_bytes" in too_large.json()["detail"], too_large.text
     assert llm.requests == before
     assert remaining(gateway, k) == 1000
+    with httpx.Client(base_url=gateway.url, timeout=20, headers={"X-Api-Key": k}) as client:  # one connection
+        assert client.post("/v1/chat/completions", json=big).status_code == 413
+        assert client.post("/v1/chat/completions", json={"max_tokens": 5, "used": 5}).status_code == 200  # no desync
 
 
 SPELLINGS = [
