@@ -220,14 +220,18 @@ def _passes_to_app(answer: Answer, runtime: Runtime, scope: Scope) -> bool:
 
 def _as_decided(scope: Scope, request: Request) -> Scope:
     """The request as the limiter read it, for the app: the normalized path that was matched, field
-    values without surrounding whitespace, and without the fields `Connection` named."""
-    if request.path == scope["path"] and not request.dropped and not request.trimmed:
+    values without surrounding whitespace, without the fields `Connection` named, and the framing of
+    a body the gateway rewrote."""
+    if request.path == scope["path"] and not request.dropped and not request.trimmed and not request.body_rewritten:
         return scope
     headers = scope["headers"]
     if request.dropped:
         headers = [(name, value) for name, value in headers if name not in request.dropped]
     if request.trimmed:
         headers = [(name, value.strip(b" \t")) for name, value in headers]
+    if request.body_rewritten:
+        headers = [*((name, value) for name, value in headers if name not in (b"content-length", b"transfer-encoding")),
+                   (b"content-length", b"%d" % (request.content_length or 0))]
     return {**scope, "path": request.path, "raw_path": request.raw_path, "headers": headers}
 
 

@@ -38,7 +38,7 @@ from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
 from gateway.runtime import Runtime
 from gateway.settlement import Settlement
-from gateway.usage import json_field
+from gateway.usage import reserve
 
 MAX_COST_HEADER = 1_000_000_000
 SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
@@ -341,9 +341,8 @@ async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[by
 
 
 def _cost(rule: Rule, view: RequestView) -> int:
-    if rule.reserve_field is not None:  # a token budget's reserve: the request's JSON field, else the default
-        found = json_field(view.body_prefix, view.body_more, rule.reserve_field, view.config.body_digest_max_bytes)
-        return rule.cost if found is None else min(found, MAX_COST_HEADER)
+    if rule.reserve_field is not None:  # a token budget: what the upstream may generate
+        return reserve(rule, view)
     header = rule.cost_header
     if header is None:
         return rule.cost

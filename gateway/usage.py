@@ -1,5 +1,10 @@
-"""Token budgets (SPEC section 2): what a request reserves, read from its JSON body, and what its
-answer says it used, read from the answer's JSON or from its Server-Sent Events as they stream by.
+"""Token budgets: what a request reserves, read from its JSON body, and what its answer says it
+used, read from the answer's JSON or from its Server-Sent Events as they stream by.
+
+The reserve is read as the upstream reads it (`reserve`): every spelling pydantic's lax mode reads
+as a whole number, every field that bounds the answer and every copy of a repeated key (the largest
+counts), times the answers asked for; what cannot be read so is refused, never reserved at the
+default (docs/algorithms.md, "How the reserve is read").
 
 `UsageReader` sees the answer's body after each piece has gone to the client: it never holds the
 stream back and never changes it. It keeps the last MAX_EVENT bytes of a stream (the usage is in
@@ -12,10 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from gateway.errors import BadRequest
+
+if TYPE_CHECKING:
+    from gateway.config import Rule
+    from gateway.identity import RequestView
 
 MAX_EVENT = 256 * 1024      # bytes of one SSE event kept while it arrives
 MAX_JSON = 1024 * 1024      # bytes of a JSON answer kept to read its usage
@@ -24,27 +36,190 @@ MAX_USED = 1_000_000_000    # a usage figure past this is no usage (a broken or 
 Path = tuple[str, ...]
 
 
-def json_field(body: bytes | None, more: bool, path: Path, limit: int) -> int | None:
-    """The whole number at `path` of a JSON body read whole, of at most `limit` bytes
-    (identity.body_max_bytes); None when the body is longer, not all here, not JSON, or has no
-    whole number >= 0 there."""
-    if body is None or more or not body or len(body) > limit:
+# Fields that bound an answer's tokens, read beside the reserve's own field when it is one of them
+# (OpenAI's Chat Completions and Responses, Gemini); fields that multiply it (answers asked for)
+BOUNDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "maxOutputTokens")
+CHOICES = ("n", "best_of", "candidateCount", "candidate_count")
+_WHOLE = re.compile(r"[+-]?[0-9](?:_?[0-9])*(?:\.0+)?")  # what pydantic's lax int reads of a string
+_TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})  # ... and its lax bool, lowercased
+
+
+class BodyTooLarge(BadRequest):
+    status = 413
+
+
+class Repeated(list[Any]):
+    """Every value of a key an object holds more than once: readers disagree on which one counts
+    (Python's json keeps the last, others the first)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name not in out:
+            out[name] = value
+        elif isinstance(out[name], Repeated):
+            out[name].append(value)
+        else:
+            out[name] = Repeated([out[name], value])
+    return out
+
+
+def parse(body: bytes) -> Any:
+    """JSON with every value of a repeated key kept (`Repeated`). Raises ValueError, RecursionError."""
+    return json.loads(body, object_pairs_hook=_object)
+
+
+def values(document: Any, path: Sequence[str]) -> list[Any]:
+    """Every value at `path`, through every value of a repeated key on the way."""
+    found = [document]
+    for name in path:
+        found = [item for node in found if isinstance(node, dict) and name in node
+                 for item in (node[name] if isinstance(node[name], Repeated) else (node[name],))]
+    return found
+
+
+def whole_number(value: Any) -> int | None:
+    """A JSON value as pydantic reads an int field in lax mode (9000, "9000", 9000.0, 9e3, " +9_000 ",
+    true); None for null. Raises ValueError for what it would refuse, and for what others might read
+    differently ("9e3", "0x2328", 2.5)."""
+    if value is None:
         return None
+    if isinstance(value, bool | int):
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and len(value) <= 64 and _WHOLE.fullmatch(value.strip()):
+        return int(value.strip().split(".", 1)[0])
+    raise ValueError(value)
+
+
+def truthy(value: Any) -> bool:
+    """Whether pydantic's lax bool reads `value` as true."""
+    if isinstance(value, bool | int | float):
+        return value == 1
+    return isinstance(value, str) and value.lower() in _TRUE
+
+
+class Asked(NamedTuple):
+    """What a request's JSON body asks of the upstream, for its token reserve."""
+
+    bound: int | None   # the largest field that bounds each answer; None: none given
+    field: str          # ... its name
+    choices: int        # answers asked for (n, best_of, a list of prompts), at least 1
+    streams: bool       # "stream": true, as the upstream reads it
+    reports: bool       # stream_options.include_usage: true, as the upstream reads it
+
+
+def asked(body: bytes | None, more: bool, limit: int, path: Path) -> Asked:
+    """What the body asks, read as the upstream reads it (`whole_number`). Raises BodyTooLarge for a
+    body of more than `limit` bytes (identity.body_max_bytes), BadRequest for one that is not JSON or
+    a value that is not a whole number >= 0."""
+    if body is None or more or len(body) > limit:
+        raise BodyTooLarge(f"the request body is longer than the {limit} bytes read for its token reserve "
+                           f"'{path[-1]}' (identity.body_max_bytes)")
+    if not body.strip():
+        return Asked(None, path[-1], 1, False, False)
     try:
-        document = json.loads(body)
+        document = parse(body)
     except (ValueError, RecursionError):
-        return None
-    return _number_at(document, path)
+        raise BadRequest(f"the request body is not JSON: its token reserve '{path[-1]}' cannot be read") from None
+    parents = values(document, path[:-1])
+    names = BOUNDS if path[-1] in BOUNDS else (path[-1],)
+    bound, field = None, path[-1]
+    for name in names:
+        for number in _numbers(parents, name):
+            if number and (bound is None or number > bound):  # 0: no bound to some servers
+                bound, field = number, name
+    choices = max((number for name in CHOICES for number in _numbers(parents, name)), default=1)
+    choices = max(choices, 1) * max((_prompts(value) for value in _each(parents, "prompt")), default=1)
+    streams = any(truthy(value) for value in values(document, ("stream",)))
+    reporting = values(document, ("stream_options", "include_usage"))
+    reports = bool(reporting) and all(truthy(value) for value in reporting)
+    return Asked(bound, field, choices, streams, reports)
+
+
+def _prompts(prompt: Any) -> int:
+    """Completions asked for by a legacy `prompt`: one per string or token list of a list of them."""
+    if isinstance(prompt, list) and prompt and all(isinstance(item, str | list) for item in prompt):
+        return len(prompt)
+    return 1
+
+
+def _each(parents: list[Any], name: str) -> list[Any]:
+    return [value for parent in parents for value in values(parent, (name,))]
+
+
+def _numbers(parents: list[Any], name: str) -> list[int]:
+    out = []
+    for value in _each(parents, name):
+        try:
+            number = whole_number(value)
+        except ValueError:
+            raise BadRequest(f"'{name}' must be a whole number >= 0, as the upstream reads it; got "
+                             f"{json.dumps(value)[:40]}") from None
+        if number is not None:
+            if number < 0:
+                raise BadRequest(f"'{name}' must be a whole number >= 0; got {number}")
+            out.append(number)
+    return out
+
+
+OPENAI_TOTAL = ("usage", "total_tokens")
+
+
+def reserve(rule: Rule, view: RequestView) -> int:
+    """What a token budget reserves for this request: the largest bound (else the default) times
+    the answers asked for, and on a `total_tokens` budget the prompt, bounded by the body's bytes.
+    A stream settled on OpenAI's usage that did not ask for it gets the body that does (`view`'s
+    body and framing changed: what is forwarded). Raises BodyTooLarge, BadRequest."""
+    assert rule.reserve_field is not None
+    request = asked(view.body_prefix, view.body_more, view.config.body_digest_max_bytes, rule.reserve_field)
+    tokens = (rule.cost if request.bound is None else request.bound) * request.choices
+    why = f"'{request.field}' {request.bound}" if request.bound is not None else f"the default {rule.cost}"
+    why += f" x {request.choices} answers" if request.choices > 1 else ""
+    if rule.settle_field is not None and rule.settle_field[-1] == "total_tokens":
+        if rule.settle_field == OPENAI_TOTAL and request.streams and not request.reports:
+            _ask_usage(view)
+        tokens += len(view.body_prefix or b"")  # the prompt: never more tokens than bytes
+        why += f" and a prompt of {len(view.body_prefix or b'')} bytes"
+    most = min(rule.reserve_max or rule.capacity, rule.capacity)
+    if tokens > most:
+        raise BadRequest(f"{why} reserve {tokens} tokens; rule '{rule.name}' takes at most {most}")
+    return tokens
+
+
+def _ask_usage(view: RequestView) -> None:
+    """The body forwarded (by the proxy, or to the app by the middleware) asks for the usage."""
+    view.body_prefix = asking_usage(view.body_prefix or b"")
+    view.request.content_length, view.request.chunked = len(view.body_prefix), False
+    view.request.body_rewritten = True
+
+
+def asking_usage(body: bytes) -> bytes:
+    """The body with `stream_options.include_usage: true`, so that the stream's last chunk carries
+    the usage (OpenAI's); re-encoded as Python's json reads it (a repeated key: its last value)."""
+    document = json.loads(body)
+    options = document.get("stream_options")
+    document["stream_options"] = {**options, "include_usage": True} if isinstance(options, dict) else {
+        "include_usage": True}
+    try:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800"): kept as its escape
+        return json.dumps(document, separators=(",", ":")).encode()
 
 
 def _number_at(document: Any, path: Sequence[str]) -> int | None:
-    for name in path:
-        if not isinstance(document, dict):
-            return None
-        document = document.get(name)
-    if isinstance(document, bool) or not isinstance(document, int) or not 0 <= document <= MAX_USED:
-        return None
-    return document
+    """The largest usage figure at `path` (a repeated field: its largest value); None if none."""
+    found = None
+    for value in values(document, path):
+        try:
+            number = whole_number(value)
+        except ValueError:
+            continue
+        if number is not None and 0 <= number <= MAX_USED and (found is None or number > found):
+            found = number
+    return found
 
 
 class UsageReader:
@@ -97,7 +272,7 @@ class UsageReader:
             return None
         if self._json and body:
             with contextlib.suppress(ValueError, RecursionError):
-                self._read(json.loads(body))
+                self._read(parse(body))
         elif self._sse:
             self._events(body)
         return dict(self.found) or None
@@ -124,7 +299,7 @@ class UsageReader:
         if not data:
             return
         try:
-            document = json.loads(b"\n".join(data))
+            document = parse(b"\n".join(data))
         except (ValueError, RecursionError):
             return
         self._read(document)

@@ -244,7 +244,8 @@ FIELDS: tuple[Field, ...] = (
     _f(ADMIN, "token", Text(nullable=True), "Bearer token for admin writes (POST /reload, DELETE /limits); "
        "use ${ADMIN_TOKEN:-}. Unset: writes are accepted from loopback only.", attr="admin_token"),
 
-    _f(IDENTITY, "body_max_bytes", Integer(1, 1 << 26), "Bytes of the body digested for `by: [body]`.",
+    _f(IDENTITY, "body_max_bytes", Integer(1, 1 << 26), "Bytes of the body digested for `by: [body]`, and "
+       "read for a token budget's reserve (a longer body on such a route is refused with 413).",
        default=65536, attr="body_digest_max_bytes"),
     _f(IDENTITY, "max_length", Integer(1, 65536), "Longest identity part kept as is (longer ones are hashed).",
        default=1024, attr="identity_max_bytes"),
@@ -356,9 +357,13 @@ FIELDS: tuple[Field, ...] = (
     _f(RULE, "cost", Cost(MAX_COST), "Units one request spends: a number, header:NAME (the client declares "
        "it), or response_header:NAME (the upstream declares it in its answer, which is charged then; the "
        "header is removed before the client sees it); or a token budget's `{reserve: request_json:FIELD, "
-       "default: N, settle: response_json:PATH}`: FIELD of the request's JSON body (else N) is charged at "
-       "admission, and the difference to PATH of the answer's JSON, or of the last Server-Sent Event that "
-       "carries it, is charged or given back when the answer ends (docs/algorithms.md, token budgets).",
+       "default: N, max: N, settle: response_json:PATH}`: FIELD of the request's JSON body, read as the "
+       "upstream reads it (the largest of max_tokens, max_completion_tokens, max_output_tokens, times n; N "
+       "when absent; a `total_tokens` budget adds the body's bytes for the prompt), is charged at admission; "
+       "a reserve over `max` (default: the rule's limit) or unreadable is refused (400, 413 for a body over "
+       "identity.body_max_bytes); the difference to PATH of the answer's JSON, or of the last Server-Sent "
+       "Event that carries it, is charged or given back when the answer ends (docs/algorithms.md, token "
+       "budgets).",
        default=1),
     _f(RULE, "count_on", ListOf(Status()), "Charge only answers with these statuses or classes ([401, 403], "
        "[5xx]), when the answer comes; the rule refuses once its budget is spent.", default=()),

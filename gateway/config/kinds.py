@@ -377,7 +377,7 @@ class Cost(Kind):
     high: int
 
     def describe(self) -> str:
-        return "integer, header:NAME, response_header:NAME or {reserve, default, settle}"
+        return "integer, header:NAME, response_header:NAME or {reserve, default, max, settle}"
 
     def schema(self) -> Schema:
         json_path = r"^[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,7}$"
@@ -388,6 +388,7 @@ class Cost(Kind):
                 "reserve": {"anyOf": [{"type": "string", "pattern": "^request_json:" + json_path[1:]},
                                       {"type": "integer", "minimum": 0, "maximum": self.high}]},
                 "default": {"type": "integer", "minimum": 0, "maximum": self.high},
+                "max": {"type": "integer", "minimum": 1, "maximum": self.high},
                 "settle": {"type": "string", "pattern": "^response_json:" + json_path[1:]},
             }},
             ENV,

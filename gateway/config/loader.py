@@ -980,8 +980,8 @@ def _cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
 
 
 def _token_cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
-    """`cost: {reserve: request_json:FIELD | N, default: N, settle: response_json:PATH}`."""
-    nodes = r.mapping(node, key, ("reserve", "default", "settle"))
+    """`cost: {reserve: request_json:FIELD | N, default: N, max: N, settle: response_json:PATH}`."""
+    nodes = r.mapping(node, key, ("reserve", "default", "max", "settle"))
     if nodes is None:
         return {}
     out: dict[str, Any] = {}
@@ -1015,6 +1015,16 @@ def _token_cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
                 r.problem(nodes["reserve"], f"{key}.reserve", f"{text!r} must be request_json:FIELD or a number")
             else:
                 out["reserve_field"] = tuple(path.split("."))
+    if "max" in nodes:
+        text = r.text(nodes["max"], f"{key}.max") or ""
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_COST:
+            r.problem(nodes["max"], f"{key}.max", f"{text!r} must be a whole number from 1 to {MAX_COST}")
+        elif "reserve_field" not in out:
+            r.problem(nodes["max"], f"{key}.max", "bounds a reserve read from the request (request_json:FIELD)")
+        elif int(text) < fallback:
+            r.problem(nodes["max"], f"{key}.max", f"{text} is less than the default reserve {fallback}")
+        else:
+            out["reserve_max"] = int(text)
     return out
 
 

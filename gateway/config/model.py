@@ -73,6 +73,7 @@ class Rule:
     lease: float = default(P.RULE, "lease")        # seconds; concurrency: a dead holder's slot is free after it
     reserve_field: tuple[str, ...] | None = None   # a token budget: charged at admission from this request JSON path
     settle_field: tuple[str, ...] | None = None    # ... settled to this path of the answer's JSON or SSE
+    reserve_max: int | None = None                 # ... refused past this (None: the rule's capacity)
     max_overrides: int = default(P.RULE, "max_overrides")  # per-identity overrides it may hold
     shared: bool = False                           # a rule of `shared:`: one counter in every route using it
     calendar_period: str | None = None             # "day", "week", "month": window/period by the calendar

@@ -83,6 +83,7 @@ class Request:
     trimmed: bool = False                # some field value came with whitespace around it
     upgrade: bool = False                # a WebSocket handshake (Upgrade: websocket, no body)
     override: str | None = None          # the method a method-override field names, upper case
+    body_rewritten: bool = False         # the gateway changed the body (a token budget's stream_options)
 
     def counted_method(self, honour_override: bool = True) -> str:
         """The method the upstream acts on: the override's where the route's upstream honours one,

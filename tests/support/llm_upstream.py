@@ -1,8 +1,18 @@
 """An OpenAI-compatible upstream of the tests' own, on raw asyncio streams, so that a test decides
-every TCP write: `POST /v1/chat/completions` answers JSON, or Server-Sent Events (chunked) when the
-request says `"stream": true`. The request's JSON also says what the answer does:
+every TCP write: any POST answers JSON, or Server-Sent Events (chunked) when the request streams.
 
-    "used": N            the usage the answer reports (absent: none)
+It reads its request as a pydantic-based OpenAI-compatible server does (vLLM's fields, pydantic's
+lax mode: `"9000"`, `9000.0` and `9e3` are 9000), answers 422 to a request pydantic refuses, and,
+as OpenAI does, ends a stream with a usage chunk only when `stream_options.include_usage` is true.
+The request's JSON also says what the answer does:
+
+    "used": N            the total the answer reports (absent: none)
+    "prompt_used": N     the prompt's tokens in it (default 1)
+    "fill": true         the answer generates as many tokens as the request allows (vLLM: the first
+                         of max_completion_tokens, max_tokens, times n or best_of and the number of
+                         prompts of a legacy completion) and reports them
+    "tag": NAME          count what answers generate under NAME (`generated[NAME]`)
+    "duplicate": SHAPE   the JSON answer repeats a usage field, the smaller last ("usage" or "field")
     "style": "openai"    OpenAI's chunks and final usage chunk (stream_options.include_usage), or
              "anthropic" Anthropic's message_start / content_block_delta / message_delta events
     "events": N          content events before the usage (default 3)
@@ -12,16 +22,75 @@ request says `"stream": true`. The request's JSON also says what the answer does
     "hold": NAME         after the first event, wait until the test sets the event NAME
     "status": N          the answer's status (JSON answers)
 
-It records when it wrote each answer's last byte (`finished[request id]`).
+It records when it wrote each answer's last byte (`finished[request id]`), the requests it read
+(`received`: their Content-Length and parsed body) and its answers (`answered`).
+
+`embedded_app` is the same upstream as an ASGI app behind `gateway.RateLimitMiddleware` (config and
+Redis from LLM_EMBED_CONFIG and LLM_EMBED_REDIS_URL): it answers what it received, for the test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
+from collections import Counter
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.types import Receive, Scope, Send
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool | None = None
+
+
+class Asked(BaseModel):
+    """What a pydantic-based server reads of a request (lax mode), extra fields allowed."""
+
+    model_config = ConfigDict(extra="allow")
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    max_output_tokens: int | None = None
+    n: int = 1
+    best_of: int | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
+
+    @property
+    def bound(self) -> int:
+        return self.max_output_tokens or self.max_completion_tokens or self.max_tokens or 16
+
+    @property
+    def generated(self) -> int:
+        prompts = len(self.prompt) if isinstance(self.prompt, list) and not isinstance(self.prompt[0], int) else 1
+        return self.bound * max(self.n, self.best_of or 1) * prompts
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def read(body: bytes) -> Asked | None:
+    """The request as the server reads it; None: it answers 422."""
+    try:
+        return Asked.model_validate(json.loads(body) if body else {})
+    except (ValueError, ValidationError):
+        return None
+
+
+def usage_of(asked: Asked) -> dict[str, int] | None:
+    extra = asked.model_extra or {}
+    prompt = int(extra.get("prompt_used", 1))
+    if extra.get("fill"):
+        return {"prompt_tokens": prompt, "completion_tokens": asked.generated, "total_tokens": prompt + asked.generated}
+    if "used" in extra:
+        used = int(extra["used"])
+        return {"prompt_tokens": prompt, "completion_tokens": used - prompt, "total_tokens": used}
+    return None
 
 
 class LlmUpstream:
@@ -32,6 +101,8 @@ class LlmUpstream:
         self.holds: dict[str, threading.Event] = {}
         self.finished: dict[str, float] = {}
         self.requests = 0
+        self.received: list[tuple[int, Any]] = []  # (Content-Length, the body as JSON) of each request
+        self.generated: Counter[str] = Counter()
 
     @property
     def url(self) -> str:
@@ -72,37 +143,50 @@ class LlmUpstream:
                 body = await reader.readexactly(length) if length else b""
                 self.requests += 1
                 try:
-                    asked: dict[str, Any] = json.loads(body) if body else {}
+                    self.received.append((length, json.loads(body) if body else None))
                 except ValueError:
-                    asked = {}
-                if not isinstance(asked, dict):
-                    asked = {}
-                if asked.get("stream"):
-                    if not await self._stream(writer, asked):
+                    self.received.append((length, "not JSON"))
+                model = read(body)
+                if model is None:
+                    await self._refuse(writer)
+                    continue
+                asked = model.model_extra or {}
+                usage = usage_of(model)
+                if usage is not None:
+                    self.generated[str(asked.get("tag"))] += usage["completion_tokens"]
+                if model.stream:
+                    if not await self._stream(writer, asked, usage if model.include_usage else None):
                         return
                 else:
-                    await self._json(writer, asked)
+                    await self._json(writer, asked, usage)
                 self.finished[str(asked.get("hold") or request_id)] = time.monotonic()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
 
-    async def _json(self, writer: asyncio.StreamWriter, asked: dict[str, Any]) -> None:
+    async def _refuse(self, writer: asyncio.StreamWriter) -> None:
+        data = b'{"detail": "validation error"}'
+        writer.write(b"HTTP/1.1 422 X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                     % len(data) + data)
+        await writer.drain()
+
+    async def _json(self, writer: asyncio.StreamWriter, asked: dict[str, Any], usage: dict[str, int] | None) -> None:
         answer: dict[str, Any] = {"id": "chatcmpl-1", "object": "chat.completion",
                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}
-        if "used" in asked:
-            answer["usage"] = {"prompt_tokens": 1, "completion_tokens": asked["used"] - 1,
-                               "total_tokens": asked["used"]}
+        if usage is not None:
+            answer["usage"] = usage
         data = json.dumps(answer).encode()
+        if usage is not None and asked.get("duplicate"):
+            data = _duplicated(data, usage, asked["duplicate"])
         status = int(asked.get("status", 200))
         writer.write(b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
                      % (status, len(data)) + data)
         await writer.drain()
 
-    async def _stream(self, writer: asyncio.StreamWriter, asked: dict[str, Any]) -> bool:
+    async def _stream(self, writer: asyncio.StreamWriter, asked: dict[str, Any], usage: dict[str, int] | None) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        events = _events(asked)
+        events = _events(asked, usage)
         for n, event in enumerate(events):
             if asked.get("cut") and n == len(events) - 2:  # the usage event
                 half = event[: len(event) // 2]
@@ -128,7 +212,16 @@ class LlmUpstream:
         return True
 
 
-def _events(asked: dict[str, Any]) -> list[bytes]:
+def _duplicated(data: bytes, usage: dict[str, int], shape: str) -> bytes:
+    """The answer with a usage field repeated: a smaller value after the real one."""
+    small = {name: 1 for name in usage}
+    if shape == "usage":
+        return data[:-1] + b', "usage": ' + json.dumps(small).encode() + b"}"
+    fields = b", ".join(b'"%s": %d, "%s": 1' % (name.encode(), value, name.encode()) for name, value in usage.items())
+    return data.replace(json.dumps(usage).encode(), b"{" + fields + b"}")
+
+
+def _events(asked: dict[str, Any], usage: dict[str, int] | None) -> list[bytes]:
     count = int(asked.get("events", 3))
     pad = "p" * int(asked.get("pad", 0))
     used = asked.get("used")
@@ -145,8 +238,63 @@ def _events(asked: dict[str, Any]) -> list[bytes]:
         return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in out]
     chunks: list[dict[str, Any]] = [{"choices": [{"delta": {"content": f"t{n}"}}], "usage": None}
                                     for n in range(count)]
-    final: dict[str, Any] = {"choices": [], "pad": pad}
-    if used is not None:
-        final["usage"] = {"prompt_tokens": 1, "completion_tokens": used - 1, "total_tokens": used}
+    if usage is None:  # OpenAI: no usage chunk unless stream_options.include_usage
+        return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+    final: dict[str, Any] = {"choices": [], "pad": pad, "usage": usage}
     chunks.append(final)
     return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+async def _asgi_completion(scope: Scope, receive: Receive, send: Send) -> None:
+    """One request to `embedded_app`: its body read whole, answered as the raw upstream answers,
+    with what the app received (the body's length, its Content-Length) in the first event or the JSON."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    lengths = [value.decode() for name, value in scope["headers"] if name == b"content-length"]
+    received = {"length": len(body), "content_length": lengths, "body": json.loads(body) if body else None}
+    model = read(body)
+    if model is None:
+        await _send_whole(send, 422, b"application/json", b'{"detail": "validation error"}')
+        return
+    usage = usage_of(model)
+    if not model.stream:
+        await _send_whole(send, 200, b"application/json", json.dumps({"received": received, "usage": usage}).encode())
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for event in [b"data: " + json.dumps({"received": received, "usage": None}).encode() + b"\n\n",
+                  *_events(model.model_extra or {}, usage if model.include_usage else None)]:
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_whole(send: Send, status: int, media: bytes, data: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", media), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _asgi(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await _asgi_completion(scope, receive, send)
+
+
+def _embedded() -> Any:
+    from gateway import RateLimitMiddleware
+
+    return RateLimitMiddleware(_asgi, config=os.environ.get("LLM_EMBED_CONFIG", "routes.yaml"),
+                               redis_url=os.environ.get("LLM_EMBED_REDIS_URL") or None)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "embedded_app":  # built when uvicorn asks for it, not when the tests import the module
+        return _embedded()
+    raise AttributeError(name)
