@@ -17,19 +17,19 @@ which metrics and the access log read.
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 from typing import NamedTuple
 
 from starlette.types import Receive, Scope
 
-from gateway import metrics
 from gateway.config import Route, Rule
+from gateway.decision import count_held
+from gateway.decision import decide as decide_rules
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
 from gateway.keys import rule_key
 from gateway.leases import Lease, new_token
-from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.limiter import Decision, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
 from gateway.overrides import RouteTable, overridden
 from gateway.plan import RoutePlan
@@ -83,20 +83,16 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
     token = new_token() if plan.holds_slots else b""
-    try:  # a refusal Redis gave and would give again is answered from memory (gateway/refusals.py)
-        decision, from_memory = await runtime.refusals.decide(
-            rules, keys, costs, partial(runtime.limiter.decide, args, keys, costs, lease=token))
-    except RedisUnavailable as exc:
-        metrics.REDIS_ERRORS.labels(exc.kind).inc()
+    try:
+        decision, from_memory = await decide_rules(runtime, route.name, rules, keys, costs, args, token)
+    except RedisUnavailable:
         if route.failure_mode == "closed":
             status, headers, body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
             headers.append((b"retry-after", b"1"))
             return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
     if from_memory:
-        _count_held(plan, rules, decision)
         return _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
-    count_rules(route.name, rules, decision)
     if not decision.admitted:
         return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
@@ -299,23 +295,8 @@ def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: l
     decision = runtime.refusals.answer(keys, costs) if rules else None
     if decision is None or decision.refused_by is None:
         return None
-    _count_held(plan, rules, decision)
+    count_held(plan.route.name, rules, decision)
     return decision
-
-
-def _count_held(plan: RoutePlan, rules: list[Rule], decision: Decision) -> None:
-    assert decision.refused_by is not None
-    metrics.rule_decisions(plan.route.name, rules[decision.refused_by].name, "refused", "memory").inc()
-
-
-def count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
-    for rule, state in zip(rules, decision.rules, strict=True):
-        if state.outcome is Outcome.SHADOW_REFUSES:
-            metrics.rule_decisions(route, rule.name, "shadow_refused", "redis").inc()
-        elif state.outcome is not Outcome.ADMITS:
-            metrics.rule_decisions(route, rule.name, "refused", "redis").inc()
-        elif decision.admitted:
-            metrics.rule_decisions(route, rule.name, "admitted", "redis").inc()
 
 
 def identity_of(key: str) -> str:

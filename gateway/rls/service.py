@@ -21,7 +21,6 @@ refusals held in memory and metrics are those of any route.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -29,11 +28,11 @@ from google.protobuf.message import DecodeError
 from gateway import metrics
 from gateway.config import MAX_RULES, Rule
 from gateway.config.model import RlsDescriptor
+from gateway.decision import decide
 from gateway.errors import RedisUnavailable
 from gateway.keys import shard_of
 from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import RouteTable
-from gateway.pipeline import count_rules
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
 from gateway.rls.domains import CODE_SECONDS, Counted, Domain
@@ -243,15 +242,11 @@ class RateLimitService:
                 domain.shapes.add(call.shape)
             costs: list[int | None] = list(call.costs)
             try:
-                decision, from_memory = await runtime.refusals.decide(
-                    rules, keys, costs, partial(runtime.limiter.decide, specs, keys, costs))
-            except RedisUnavailable as exc:
-                metrics.REDIS_ERRORS.labels(exc.kind).inc()
+                decision, from_memory = await decide(runtime, route.name, rules, keys, costs, specs)
+            except RedisUnavailable:
                 _count("unavailable")
                 raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
                                              "decides") from None
-            if not from_memory:
-                count_rules(route.name, rules, decision)
             if not decision.admitted:
                 response.overall_code = pb.OVER_LIMIT
             mode = route.headers
