@@ -1,9 +1,12 @@
-"""Issue 33: clients that stop reading a large answer held their concurrency slots (the lease kept
-renewing) and an upstream connection for as long as their sockets stayed open. Now a client that
-takes nothing of its answer for `send_timeout` (GATEWAY_SEND_TIMEOUT, SPEC section 4's 60 s; 2 s
-here) is cut, as nginx's send_timeout does: its call is cancelled, its slot and its upstream
-connection go back. A slow reader that keeps taking bytes is never cut, neither by send_timeout nor
-by the upstream's read timeout: while an answer waits for its client, the upstream is not late."""
+"""Clients that stop reading a large answer held their concurrency slots (the lease kept renewing)
+and an upstream connection for as long as their sockets stayed open. A client that takes nothing of
+its answer for `send_timeout` (GATEWAY_SEND_TIMEOUT, SPEC section 4's 60 s; seconds here) is cut, as
+nginx's send_timeout does: its call is cancelled, its slot and its upstream connection go back. The
+time counts from the last bytes the client took: a client with a 4 KiB window whose kernel takes a
+last 2 KiB a moment after the gateway began to wait is cut one timeout later, not two (it was cut at
+19.3 s with a 9.6 s timeout). A slow reader that keeps taking bytes is never cut, neither by
+send_timeout nor by the upstream's read timeout: while an answer waits for its client, the upstream
+is not late."""
 
 from __future__ import annotations
 
@@ -83,6 +86,100 @@ def test_a_client_that_reads_nothing_is_cut_and_its_slot_goes_back(gateway: Gate
     finally:
         sock.close()
     assert "took nothing of its answer" in gateway.log()
+
+
+STOPPED_CONFIG = """\
+version: 1
+upstreams: {{up: {{url: "{url}", max_connections: 2, timeout: 10s}}}}
+routes:
+  - name: download
+    match: {{path: "/bytes"}}
+    upstream: up
+    limits: [{{name: two, by: [], algorithm: concurrency, limit: 2, lease: 60s}}]
+  - name: other
+    match: {{path: "/echo"}}
+    upstream: up
+"""
+STOPPED_TIMEOUT = within(4.0)
+
+
+def stopped_reader(port: int) -> socket.socket:
+    """A client that offers a 4 KiB receive window (set before it connects, so the window it
+    announces stays that small) and asks for 64 MiB."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /bytes?size=%d HTTP/1.1\r\nHost: a\r\n\r\n" % (64 << 20))
+    return sock
+
+
+def _status(url: str) -> int:
+    return httpx.get(url, timeout=10).status_code
+
+
+def _answered(url: str, status: int, deadline: float) -> bool:
+    """Whether `url` answers `status` before `deadline` (time.monotonic()), asked again and again."""
+    while time.monotonic() < deadline:
+        if _status(url) == status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_readers_that_stop_give_back_their_slots_and_upstream_connections(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+) -> None:
+    """Two stopped readers hold the route's 2 slots and the upstream's 2 connections: a third
+    download is refused (429) and any other request to that upstream finds the pool busy (504).
+    Both come back once they have taken nothing for `send_timeout`, and not a whole timeout later:
+    the client's kernel taking its last few KiB after the wait began is not a reader's progress."""
+    process = GatewayProcess(STOPPED_CONFIG.format(url=upstream.url), tmp_path, redis_url=redis_proc.url,
+                             env={"GATEWAY_SEND_TIMEOUT": str(STOPPED_TIMEOUT)})
+    process.start()
+    clients: list[socket.socket] = []
+    try:
+        clients = [stopped_reader(process.port) for _ in range(2)]  # and never read a byte
+        sent = time.monotonic()
+        assert _answered(f"{process.url}/bytes?size=10", 429, sent + within(10))  # both answers began
+        assert _status(f"{process.url}/echo") == 504  # the pool's 2 connections are theirs
+        deadline = sent + STOPPED_TIMEOUT * 1.5
+        assert _answered(f"{process.url}/bytes?size=10", 200, deadline), "the stopped readers kept their slots"
+        freed = time.monotonic() - sent
+        assert _answered(f"{process.url}/echo", 200, deadline), "the stopped readers kept the upstream's connections"
+        print(f"\nslot back {freed:.2f}s after the requests (send_timeout {STOPPED_TIMEOUT:.1f}s)")
+        assert freed >= STOPPED_TIMEOUT - 0.5  # not before the client had taken nothing for that long
+        for sock in clients:
+            sock.settimeout(10)
+            read = 0
+            with _ended():
+                while chunk := sock.recv(1 << 20):
+                    read += len(chunk)
+            assert read < 64 << 20, "the stopped reader was cut, not served"
+    finally:
+        for sock in clients:
+            sock.close()
+        process.stop()
+    assert process.log().count("took nothing of its answer") == 2, process.log()
+    assert "Traceback" not in process.log(), process.log()
+
+
+def test_a_reader_with_a_small_window_that_pauses_less_than_the_timeout_is_never_cut(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+) -> None:
+    """The same 4 KiB window, read a little at a time with pauses of a third of `send_timeout`
+    (a few KiB a second): slow, but never stopped for as long as the timeout."""
+    send_timeout = within(1.0)
+    with running(tmp_path, redis_proc.url, upstream.url, send_timeout) as gateway, stopped_reader(gateway.port) as sock:
+        sock.settimeout(10)
+        until = time.monotonic() + 3 * send_timeout
+        received = 0
+        while time.monotonic() < until:
+            chunk = sock.recv(4096)
+            assert chunk, f"cut after {received} bytes:\n{gateway.log()}"
+            received += len(chunk)
+            time.sleep(send_timeout / 3)
+        assert received > 8 * 1024  # it kept taking its answer, a few KiB at a time
+        assert "took nothing of its answer" not in gateway.log()
 
 
 class _ended:

@@ -59,6 +59,7 @@ STEP_ASIDE = 8  # turns of the event loop a connection answered early waits befo
 MAX_URL_BYTES = 8 * 1024
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
+SEND_CHECKS = 8  # a waiting client's progress is looked at this often per send_timeout (at most 1 s apart)
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
 
@@ -330,6 +331,7 @@ class HttpProtocol(asyncio.Protocol):
         self.max_header_bytes = options.max_header_bytes
         self.header_timeout = options.header_timeout
         self.send_timeout = options.send_timeout
+        self.send_check = min(options.send_timeout / SEND_CHECKS, 1.0)
         self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
@@ -763,24 +765,30 @@ class HttpProtocol(asyncio.Protocol):
     async def drain(self) -> None:
         """Wait until the client takes what was written. A client that takes nothing for
         `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost).
-        Taking nothing is judged by the bytes still unsent, the kernel's queue included: the kernel
-        reports a full socket writable only once half its queue (up to megabytes) is gone, which a
-        slow reader that keeps reading can take longer than `send_timeout` to make room for."""
+        Taking is judged by the bytes still unsent going down, the kernel's queue included: the
+        kernel reports a full socket writable only once half its queue (up to megabytes) is gone,
+        which a slow reader that keeps reading can take longer than `send_timeout` to make room
+        for. The time counts from the last bytes taken, looked at every `send_check` seconds:
+        the client's kernel filling its receive buffer just after the wait began (a few KiB on a
+        small window) is not a reason to wait a whole timeout more."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
         unsent = unsent_bytes(self.transport)
+        taken = self.loop.time()  # the last time the client was seen taking bytes
         while True:
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), self.send_timeout)
+            done, _ = await asyncio.wait((waiter,), timeout=self.send_check)
+            if done:
                 return
-            except TimeoutError:
-                still = unsent_bytes(self.transport)
-                if still < unsent:
-                    unsent = still
-                    continue
-            log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
-            self.transport.abort()
-            raise ConnectionResetError("the client took nothing of its answer")
+            still = unsent_bytes(self.transport)
+            now = self.loop.time()
+            if still < unsent:
+                taken = now
+            unsent = still
+            if now - taken >= self.send_timeout:
+                break
+        log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
+        self.transport.abort()
+        raise ConnectionResetError("the client took nothing of its answer")
 
     def _wake_drain(self) -> None:
         waiters, self.drain_waiters = self.drain_waiters, []
