@@ -32,6 +32,9 @@ routes:
     match: {{path: "/bytes"}}
     upstream: up
     limits: [{{name: one, by: [], algorithm: concurrency, limit: 1, lease: 60s}}]
+  - name: stream
+    match: {{path: "/drip"}}
+    upstream: up
 """
 SEND_TIMEOUT = within(2.0)  # a time limit of the suite's: on a busy machine a slow reader is slower
 SIZE = 200 * 1024 * 1024
@@ -96,6 +99,10 @@ routes:
     match: {{path: "/bytes"}}
     upstream: up
     limits: [{{name: two, by: [], algorithm: concurrency, limit: 2, lease: 60s}}]
+  - name: stream
+    match: {{path: "/drip"}}
+    upstream: up
+    limits: [{{name: two, by: [], algorithm: concurrency, limit: 2, lease: 60s}}]
   - name: other
     match: {{path: "/echo"}}
     upstream: up
@@ -103,13 +110,19 @@ routes:
 STOPPED_TIMEOUT = within(4.0)
 
 
-def stopped_reader(port: int) -> socket.socket:
+DOWNLOAD = b"/bytes?size=%d" % (64 << 20)
+STREAM = b"/drip?chunk=4096&every=0.1"  # 40 KB/s: a minute before the kernel's queue on loopback is full
+TCP_ESTABLISHED = 1  # tcp_info's tcpi_state (Linux)
+SHORT = {DOWNLOAD: "/bytes?size=10", STREAM: "/drip?chunk=10&count=1"}  # a third request on each route
+
+
+def stopped_reader(port: int, target: bytes = DOWNLOAD) -> socket.socket:
     """A client that offers a 4 KiB receive window (set before it connects, so the window it
-    announces stays that small) and asks for 64 MiB."""
+    announces stays that small) and asks for `target` (64 MiB by default)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(b"GET /bytes?size=%d HTTP/1.1\r\nHost: a\r\n\r\n" % (64 << 20))
+    sock.sendall(b"GET %b HTTP/1.1\r\nHost: a\r\n\r\n" % target)
     return sock
 
 
@@ -126,41 +139,45 @@ def _answered(url: str, status: int, deadline: float) -> bool:
     return False
 
 
+@pytest.mark.parametrize("target", [DOWNLOAD, STREAM], ids=["download", "stream"])
 def test_readers_that_stop_give_back_their_slots_and_upstream_connections(
-    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream, target: bytes,
 ) -> None:
     """Two stopped readers hold the route's 2 slots and the upstream's 2 connections: a third
-    download is refused (429) and any other request to that upstream finds the pool busy (504).
-    Both come back once they have taken nothing for `send_timeout`, and not a whole timeout later:
-    the client's kernel taking its last few KiB after the wait began is not a reader's progress."""
+    request is refused (429) and any other request to that upstream finds the pool busy (504).
+    Both come back once they have taken nothing for `send_timeout`, and not a whole timeout later
+    (the client's kernel taking its last few KiB after the wait began is not a reader's progress),
+    nor once the kernel's send queue is full (a stream at 40 KB/s takes a minute to fill it)."""
     process = GatewayProcess(STOPPED_CONFIG.format(url=upstream.url), tmp_path, redis_url=redis_proc.url,
                              env={"GATEWAY_SEND_TIMEOUT": str(STOPPED_TIMEOUT)})
     process.start()
     clients: list[socket.socket] = []
     try:
-        clients = [stopped_reader(process.port) for _ in range(2)]  # and never read a byte
+        clients = [stopped_reader(process.port, target) for _ in range(2)]  # and never read a byte
         sent = time.monotonic()
-        assert _answered(f"{process.url}/bytes?size=10", 429, sent + within(10))  # both answers began
+        third = process.url + SHORT[target]
+        assert _answered(third, 429, sent + within(10))  # both answers began
         assert _status(f"{process.url}/echo") == 504  # the pool's 2 connections are theirs
         deadline = sent + STOPPED_TIMEOUT * 1.5
-        assert _answered(f"{process.url}/bytes?size=10", 200, deadline), "the stopped readers kept their slots"
-        freed = time.monotonic() - sent
+        while not all(map(_cut, clients)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waited = time.monotonic() - sent
+        assert all(map(_cut, clients)), f"still connected {waited:.1f}s after (send_timeout {STOPPED_TIMEOUT:.1f}s)"
+        assert waited >= STOPPED_TIMEOUT - 0.5  # not before they had taken nothing for that long
+        assert _answered(third, 200, deadline), "the stopped readers kept their slots"
         assert _answered(f"{process.url}/echo", 200, deadline), "the stopped readers kept the upstream's connections"
-        print(f"\nslot back {freed:.2f}s after the requests (send_timeout {STOPPED_TIMEOUT:.1f}s)")
-        assert freed >= STOPPED_TIMEOUT - 0.5  # not before the client had taken nothing for that long
-        for sock in clients:
-            sock.settimeout(10)
-            read = 0
-            with _ended():
-                while chunk := sock.recv(1 << 20):
-                    read += len(chunk)
-            assert read < 64 << 20, "the stopped reader was cut, not served"
+        print(f"\ncut {waited:.2f}s after the requests (send_timeout {STOPPED_TIMEOUT:.1f}s)")
     finally:
         for sock in clients:
             sock.close()
         process.stop()
     assert process.log().count("took nothing of its answer") == 2, process.log()
     assert "Traceback" not in process.log(), process.log()
+
+
+def _cut(sock: socket.socket) -> bool:
+    """Whether the gateway ended this connection (the client's TCP left ESTABLISHED), read or not."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != TCP_ESTABLISHED
 
 
 def test_a_reader_with_a_small_window_that_pauses_less_than_the_timeout_is_never_cut(
@@ -179,6 +196,23 @@ def test_a_reader_with_a_small_window_that_pauses_less_than_the_timeout_is_never
             received += len(chunk)
             time.sleep(send_timeout / 3)
         assert received > 8 * 1024  # it kept taking its answer, a few KiB at a time
+        assert "took nothing of its answer" not in gateway.log()
+
+
+def test_a_stream_reader_that_keeps_up_is_never_cut_by_pauses_of_the_stream(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+) -> None:
+    """A stream whose events come further apart than `send_timeout`, read as they come: nothing
+    waits for the client between them, so the pauses are the upstream's, never the client's."""
+    send_timeout = within(1.0)
+    target = b"/drip?chunk=4096&every=%.2f&count=3" % (send_timeout * 1.5)
+    with running(tmp_path, redis_proc.url, upstream.url, send_timeout) as gateway, \
+            stopped_reader(gateway.port, target) as sock:
+        sock.settimeout(10 * send_timeout)
+        received = b""
+        while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+            received += chunk
+        assert received.endswith(b"0\r\n\r\n") and received.count(b"d" * 4096) == 3, received[:200]
         assert "took nothing of its answer" not in gateway.log()
 
 

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import socket
 import struct
 import termios
 import urllib.parse
@@ -218,6 +219,9 @@ class Exchange:
             data, self.pending_head = self.pending_head + data, b""
         if data:
             conn.transport.write(data)
+            if more and conn.took_nothing(len(data)):
+                conn.cut()
+                return
         if not more:
             if self.left > 0:
                 raise RuntimeError("response body shorter than its Content-Length")
@@ -354,6 +358,8 @@ class HttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drain_waiters: list[asyncio.Future[None]] = []
+        self.expected = -1            # bytes unsent if the client took none since `taken_at` (-1: not watched)
+        self.taken_at = 0.0           # the last time the client was seen taking bytes of its answer
         # the request being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -668,6 +674,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _start(self, exchange: Exchange) -> None:
         self.exchange = exchange
+        self.expected = -1
         task = exchange.task = self.loop.create_task(self._run(exchange))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -763,32 +770,47 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
 
     async def drain(self) -> None:
-        """Wait until the client takes what was written. A client that takes nothing for
-        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost).
-        Taking is judged by the bytes still unsent going down, the kernel's queue included: the
-        kernel reports a full socket writable only once half its queue (up to megabytes) is gone,
-        which a slow reader that keeps reading can take longer than `send_timeout` to make room
-        for. The time counts from the last bytes taken, looked at every `send_check` seconds:
-        the client's kernel filling its receive buffer just after the wait began (a few KiB on a
-        small window) is not a reason to wait a whole timeout more."""
+        """Wait until the client takes what was written; a client that takes nothing for
+        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
-        unsent = unsent_bytes(self.transport)
-        taken = self.loop.time()  # the last time the client was seen taking bytes
+        if self.tunnel is not None:
+            self.expected = -1  # a tunnel's writes are not counted: judged from here
         while True:
             done, _ = await asyncio.wait((waiter,), timeout=self.send_check)
             if done:
                 return
-            still = unsent_bytes(self.transport)
-            now = self.loop.time()
-            if still < unsent:
-                taken = now
-            unsent = still
-            if now - taken >= self.send_timeout:
-                break
+            if self.took_nothing(0):
+                self.cut()
+                raise ConnectionResetError("the client took nothing of its answer")
+
+    def took_nothing(self, written: int) -> bool:
+        """Whether the client has taken none of the bytes waiting for it for `send_timeout`, just
+        after `written` more were handed to the transport. Looked at as a streamed answer goes out
+        and every `send_check` seconds while a write waits: by the bytes still unsent (the
+        transport's buffer and the kernel's queue), not by the socket being writable. On loopback
+        the kernel queues megabytes before the transport's buffer fills, which a slow stream takes
+        minutes to fill; and it reports a full socket writable only once half its queue is gone,
+        which a slow reader that keeps reading can take longer than `send_timeout` to make room for."""
+        unsent = unsent_bytes(self.transport)
+        now = self.loop.time()
+        if self.expected < 0 or unsent == 0 or unsent < self.expected + written:
+            self.taken_at = now
+        self.expected = unsent
+        return now - self.taken_at >= self.send_timeout
+
+    def cut(self) -> None:
+        """Cut a client that took nothing of its answer for `send_timeout`: with a reset, as nginx's
+        reset_timedout_connection, so the kernel drops the megabytes still queued for it instead of
+        keeping them for a peer that may never read (a close leaves them queued, and no FIN goes)."""
         log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
+        if self.exchange is not None:
+            self.exchange.disconnected = True  # its app's next sends go nowhere; connection_lost cancels it
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()
-        raise ConnectionResetError("the client took nothing of its answer")
 
     def _wake_drain(self) -> None:
         waiters, self.drain_waiters = self.drain_waiters, []
