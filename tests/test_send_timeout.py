@@ -23,6 +23,7 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.ws_upstream import WsUpstream
 
 CONFIG = """\
 version: 1
@@ -116,12 +117,18 @@ TCP_ESTABLISHED = 1  # tcp_info's tcpi_state (Linux)
 SHORT = {DOWNLOAD: "/bytes?size=10", STREAM: "/drip?chunk=10&count=1"}  # a third request on each route
 
 
-def stopped_reader(port: int, target: bytes = DOWNLOAD) -> socket.socket:
-    """A client that offers a 4 KiB receive window (set before it connects, so the window it
-    announces stays that small) and asks for `target` (64 MiB by default)."""
+def small_window(port: int) -> socket.socket:
+    """A connection whose client offers a 4 KiB receive window (set before it connects, so the
+    window it announces stays that small)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def stopped_reader(port: int, target: bytes = DOWNLOAD) -> socket.socket:
+    """A client with a 4 KiB window that asks for `target` (64 MiB by default)."""
+    sock = small_window(port)
     sock.sendall(b"GET %b HTTP/1.1\r\nHost: a\r\n\r\n" % target)
     return sock
 
@@ -214,6 +221,58 @@ def test_a_stream_reader_that_keeps_up_is_never_cut_by_pauses_of_the_stream(
             received += chunk
         assert received.endswith(b"0\r\n\r\n") and received.count(b"d" * 4096) == 3, received[:200]
         assert "took nothing of its answer" not in gateway.log()
+
+
+TUNNEL_CONFIG = """\
+version: 1
+upstreams: {{ws: {{url: "{url}"}}}}
+routes:
+  - name: feed
+    match: {{path: "/drip"}}
+    upstream: ws
+    websocket: true
+    limits: [{{name: one, by: [], algorithm: concurrency, limit: 1, lease: 60s}}]
+"""
+HANDSHAKE = (b"GET /drip HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+def _handshake_status(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(HANDSHAKE)
+        return sock.recv(12)[9:12]
+
+
+def test_a_tunnel_client_that_stops_reading_gives_back_its_slot(
+    tmp_path: Path, redis_proc: RedisProcess,
+) -> None:
+    """The same for a WebSocket tunnel whose upstream sends 40 KB/s: a client that stops reading
+    is cut `send_timeout` after, not once the kernel's send queue is full, and its slot goes back."""
+    ws = WsUpstream()
+    ws.start()
+    process = GatewayProcess(TUNNEL_CONFIG.format(url=ws.url), tmp_path, redis_url=redis_proc.url,
+                             env={"GATEWAY_SEND_TIMEOUT": str(STOPPED_TIMEOUT)})
+    try:
+        process.start()
+        with small_window(process.port) as client:
+            client.sendall(HANDSHAKE)  # and never reads a byte
+            sent = time.monotonic()
+            deadline = sent + STOPPED_TIMEOUT * 1.5
+            assert _handshake_status(process.port) == b"429"  # the one slot is the tunnel's
+            while not _cut(client) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            waited = time.monotonic() - sent
+            assert _cut(client), f"still connected {waited:.1f}s after (send_timeout {STOPPED_TIMEOUT:.1f}s)"
+            assert waited >= STOPPED_TIMEOUT - 0.5
+            admitted = False
+            while not admitted and time.monotonic() < deadline:
+                admitted = _handshake_status(process.port) == b"101"
+            assert admitted, "the stopped tunnel kept its slot"
+    finally:
+        process.stop()
+        ws.stop()
+    assert "took nothing of its answer" in process.log(), process.log()
+    assert "Traceback" not in process.log(), process.log()
 
 
 class _ended:

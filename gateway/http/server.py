@@ -752,7 +752,9 @@ class HttpProtocol(asyncio.Protocol):
     def resume_side(self) -> None:
         self.resume_reading()
 
-    async def writable(self) -> None:
+    async def writable(self, written: int) -> None:
+        if not self.transport.is_closing() and self.took_nothing(written):
+            self.cut()
         if self.write_paused and not self.transport.is_closing():
             await self.drain()
         if self.transport.is_closing():
@@ -774,8 +776,6 @@ class HttpProtocol(asyncio.Protocol):
         `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
-        if self.tunnel is not None:
-            self.expected = -1  # a tunnel's writes are not counted: judged from here
         while True:
             done, _ = await asyncio.wait((waiter,), timeout=self.send_check)
             if done:
