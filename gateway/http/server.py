@@ -358,8 +358,11 @@ class HttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drain_waiters: list[asyncio.Future[None]] = []
-        self.expected = -1            # bytes unsent if the client took none since `taken_at` (-1: not watched)
-        self.taken_at = 0.0           # the last time the client was seen taking bytes of its answer
+        # whether the client takes its answer (`took_nothing`)
+        self.expected = -1            # bytes unsent at the last look (-1: not looked at yet in this answer)
+        self.written_since = 0        # bytes handed to the transport since then
+        self.looked_at = 0.0
+        self.taken_at = 0.0           # the last look that found the client had taken bytes (or had none waiting)
         # the request being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -787,16 +790,22 @@ class HttpProtocol(asyncio.Protocol):
     def took_nothing(self, written: int) -> bool:
         """Whether the client has taken none of the bytes waiting for it for `send_timeout`, just
         after `written` more were handed to the transport. Looked at as a streamed answer goes out
-        and every `send_check` seconds while a write waits: by the bytes still unsent (the
-        transport's buffer and the kernel's queue), not by the socket being writable. On loopback
-        the kernel queues megabytes before the transport's buffer fills, which a slow stream takes
-        minutes to fill; and it reports a full socket writable only once half its queue is gone,
-        which a slow reader that keeps reading can take longer than `send_timeout` to make room for."""
-        unsent = unsent_bytes(self.transport)
+        (at most every half `send_check`: a look is a system call) and every `send_check` seconds
+        while a write waits: by the bytes still unsent (the transport's buffer and the kernel's
+        queue), not by the socket being writable. On loopback the kernel queues megabytes before
+        the transport's buffer fills, which a slow stream takes minutes to fill; and it reports a
+        full socket writable only once half its queue is gone, which a slow reader that keeps
+        reading can take longer than `send_timeout` to make room for."""
         now = self.loop.time()
-        if self.expected < 0 or unsent == 0 or unsent < self.expected + written:
+        self.written_since += written
+        if self.expected >= 0 and now - self.looked_at < self.send_check / 2:
+            return False
+        unsent = unsent_bytes(self.transport)
+        if self.expected < 0 or unsent == 0 or unsent < self.expected + self.written_since:
             self.taken_at = now
         self.expected = unsent
+        self.written_since = 0
+        self.looked_at = now
         return now - self.taken_at >= self.send_timeout
 
     def cut(self) -> None:
