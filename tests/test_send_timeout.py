@@ -1,9 +1,12 @@
-"""Issue 33: clients that stop reading a large answer held their concurrency slots (the lease kept
-renewing) and an upstream connection for as long as their sockets stayed open. Now a client that
-takes nothing of its answer for `send_timeout` (GATEWAY_SEND_TIMEOUT, SPEC section 4's 60 s; 2 s
-here) is cut, as nginx's send_timeout does: its call is cancelled, its slot and its upstream
-connection go back. A slow reader that keeps taking bytes is never cut, neither by send_timeout nor
-by the upstream's read timeout: while an answer waits for its client, the upstream is not late."""
+"""Clients that stop reading a large answer held their concurrency slots (the lease kept renewing)
+and an upstream connection for as long as their sockets stayed open. A client that takes nothing of
+its answer for `send_timeout` (GATEWAY_SEND_TIMEOUT, SPEC section 4's 60 s; seconds here) is cut, as
+nginx's send_timeout does: its call is cancelled, its slot and its upstream connection go back. The
+time counts from the last bytes the client took: a client with a 4 KiB window whose kernel takes a
+last 2 KiB a moment after the gateway began to wait is cut one timeout later, not two (it was cut at
+19.3 s with a 9.6 s timeout). A slow reader that keeps taking bytes is never cut, neither by
+send_timeout nor by the upstream's read timeout: while an answer waits for its client, the upstream
+is not late."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.ws_upstream import WsUpstream
 
 CONFIG = """\
 version: 1
@@ -29,6 +33,9 @@ routes:
     match: {{path: "/bytes"}}
     upstream: up
     limits: [{{name: one, by: [], algorithm: concurrency, limit: 1, lease: 60s}}]
+  - name: stream
+    match: {{path: "/drip"}}
+    upstream: up
 """
 SEND_TIMEOUT = within(2.0)  # a time limit of the suite's: on a busy machine a slow reader is slower
 SIZE = 200 * 1024 * 1024
@@ -83,6 +90,189 @@ def test_a_client_that_reads_nothing_is_cut_and_its_slot_goes_back(gateway: Gate
     finally:
         sock.close()
     assert "took nothing of its answer" in gateway.log()
+
+
+STOPPED_CONFIG = """\
+version: 1
+upstreams: {{up: {{url: "{url}", max_connections: 2, timeout: 10s}}}}
+routes:
+  - name: download
+    match: {{path: "/bytes"}}
+    upstream: up
+    limits: [{{name: two, by: [], algorithm: concurrency, limit: 2, lease: 60s}}]
+  - name: stream
+    match: {{path: "/drip"}}
+    upstream: up
+    limits: [{{name: two, by: [], algorithm: concurrency, limit: 2, lease: 60s}}]
+  - name: other
+    match: {{path: "/echo"}}
+    upstream: up
+"""
+STOPPED_TIMEOUT = within(4.0)
+
+
+DOWNLOAD = b"/bytes?size=%d" % (64 << 20)
+STREAM = b"/drip?chunk=4096&every=0.1"  # 40 KB/s: a minute before the kernel's queue on loopback is full
+TCP_ESTABLISHED = 1  # tcp_info's tcpi_state (Linux)
+SHORT = {DOWNLOAD: "/bytes?size=10", STREAM: "/drip?chunk=10&count=1"}  # a third request on each route
+
+
+def small_window(port: int) -> socket.socket:
+    """A connection whose client offers a 4 KiB receive window (set before it connects, so the
+    window it announces stays that small)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def stopped_reader(port: int, target: bytes = DOWNLOAD) -> socket.socket:
+    """A client with a 4 KiB window that asks for `target` (64 MiB by default)."""
+    sock = small_window(port)
+    sock.sendall(b"GET %b HTTP/1.1\r\nHost: a\r\n\r\n" % target)
+    return sock
+
+
+def _status(url: str) -> int:
+    return httpx.get(url, timeout=10).status_code
+
+
+def _answered(url: str, status: int, deadline: float) -> bool:
+    """Whether `url` answers `status` before `deadline` (time.monotonic()), asked again and again."""
+    while time.monotonic() < deadline:
+        if _status(url) == status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("target", [DOWNLOAD, STREAM], ids=["download", "stream"])
+def test_readers_that_stop_give_back_their_slots_and_upstream_connections(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream, target: bytes,
+) -> None:
+    """Two stopped readers hold the route's 2 slots and the upstream's 2 connections: a third
+    request is refused (429) and any other request to that upstream finds the pool busy (504).
+    Both come back once they have taken nothing for `send_timeout`, and not a whole timeout later
+    (the client's kernel taking its last few KiB after the wait began is not a reader's progress),
+    nor once the kernel's send queue is full (a stream at 40 KB/s takes a minute to fill it)."""
+    process = GatewayProcess(STOPPED_CONFIG.format(url=upstream.url), tmp_path, redis_url=redis_proc.url,
+                             env={"GATEWAY_SEND_TIMEOUT": str(STOPPED_TIMEOUT)})
+    process.start()
+    clients: list[socket.socket] = []
+    try:
+        clients = [stopped_reader(process.port, target) for _ in range(2)]  # and never read a byte
+        sent = time.monotonic()
+        third = process.url + SHORT[target]
+        assert _answered(third, 429, sent + within(10))  # both answers began
+        assert _status(f"{process.url}/echo") == 504  # the pool's 2 connections are theirs
+        deadline = sent + STOPPED_TIMEOUT * 1.5
+        while not all(map(_cut, clients)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waited = time.monotonic() - sent
+        assert all(map(_cut, clients)), f"still connected {waited:.1f}s after (send_timeout {STOPPED_TIMEOUT:.1f}s)"
+        assert waited >= STOPPED_TIMEOUT - 0.5  # not before they had taken nothing for that long
+        assert _answered(third, 200, deadline), "the stopped readers kept their slots"
+        assert _answered(f"{process.url}/echo", 200, deadline), "the stopped readers kept the upstream's connections"
+        print(f"\ncut {waited:.2f}s after the requests (send_timeout {STOPPED_TIMEOUT:.1f}s)")
+    finally:
+        for sock in clients:
+            sock.close()
+        process.stop()
+    assert process.log().count("took nothing of its answer") == 2, process.log()
+    assert "Traceback" not in process.log(), process.log()
+
+
+def _cut(sock: socket.socket) -> bool:
+    """Whether the gateway ended this connection (the client's TCP left ESTABLISHED), read or not."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != TCP_ESTABLISHED
+
+
+def test_a_reader_with_a_small_window_that_pauses_less_than_the_timeout_is_never_cut(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+) -> None:
+    """The same 4 KiB window, read a little at a time with pauses of a third of `send_timeout`
+    (a few KiB a second): slow, but never stopped for as long as the timeout."""
+    send_timeout = within(1.0)
+    with running(tmp_path, redis_proc.url, upstream.url, send_timeout) as gateway, stopped_reader(gateway.port) as sock:
+        sock.settimeout(10)
+        until = time.monotonic() + 3 * send_timeout
+        received = 0
+        while time.monotonic() < until:
+            chunk = sock.recv(4096)
+            assert chunk, f"cut after {received} bytes:\n{gateway.log()}"
+            received += len(chunk)
+            time.sleep(send_timeout / 3)
+        assert received > 8 * 1024  # it kept taking its answer, a few KiB at a time
+        assert "took nothing of its answer" not in gateway.log()
+
+
+def test_a_stream_reader_that_keeps_up_is_never_cut_by_pauses_of_the_stream(
+    tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream,
+) -> None:
+    """A stream whose events come further apart than `send_timeout`, read as they come: nothing
+    waits for the client between them, so the pauses are the upstream's, never the client's."""
+    send_timeout = within(1.0)
+    target = b"/drip?chunk=4096&every=%.2f&count=3" % (send_timeout * 1.5)
+    with running(tmp_path, redis_proc.url, upstream.url, send_timeout) as gateway, \
+            stopped_reader(gateway.port, target) as sock:
+        sock.settimeout(10 * send_timeout)
+        received = b""
+        while not received.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+            received += chunk
+        assert received.endswith(b"0\r\n\r\n") and received.count(b"d" * 4096) == 3, received[:200]
+        assert "took nothing of its answer" not in gateway.log()
+
+
+TUNNEL_CONFIG = """\
+version: 1
+upstreams: {{ws: {{url: "{url}"}}}}
+routes:
+  - name: feed
+    match: {{path: "/drip"}}
+    upstream: ws
+    websocket: true
+    limits: [{{name: one, by: [], algorithm: concurrency, limit: 1, lease: 60s}}]
+"""
+HANDSHAKE = (b"GET /drip HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+             b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+
+
+def _handshake_status(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(HANDSHAKE)
+        return sock.recv(12)[9:12]
+
+
+def test_a_tunnel_client_that_stops_reading_gives_back_its_slot(
+    tmp_path: Path, redis_proc: RedisProcess,
+) -> None:
+    """The same for a WebSocket tunnel whose upstream sends 40 KB/s: a client that stops reading
+    is cut `send_timeout` after, not once the kernel's send queue is full, and its slot goes back."""
+    ws = WsUpstream()
+    ws.start()
+    process = GatewayProcess(TUNNEL_CONFIG.format(url=ws.url), tmp_path, redis_url=redis_proc.url,
+                             env={"GATEWAY_SEND_TIMEOUT": str(STOPPED_TIMEOUT)})
+    try:
+        process.start()
+        with small_window(process.port) as client:
+            client.sendall(HANDSHAKE)  # and never reads a byte
+            sent = time.monotonic()
+            deadline = sent + STOPPED_TIMEOUT * 1.5
+            assert _handshake_status(process.port) == b"429"  # the one slot is the tunnel's
+            while not _cut(client) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            waited = time.monotonic() - sent
+            assert _cut(client), f"still connected {waited:.1f}s after (send_timeout {STOPPED_TIMEOUT:.1f}s)"
+            assert waited >= STOPPED_TIMEOUT - 0.5
+            admitted = False
+            while not admitted and time.monotonic() < deadline:
+                admitted = _handshake_status(process.port) == b"101"
+            assert admitted, "the stopped tunnel kept its slot"
+    finally:
+        process.stop()
+        ws.stop()
+    assert "took nothing of its answer" in process.log(), process.log()
+    assert "Traceback" not in process.log(), process.log()
 
 
 class _ended:

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import socket
 import struct
 import termios
 import urllib.parse
@@ -59,6 +60,7 @@ STEP_ASIDE = 8  # turns of the event loop a connection answered early waits befo
 MAX_URL_BYTES = 8 * 1024
 READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
+SEND_CHECKS = 8  # a waiting client's progress is looked at this often per send_timeout (at most 1 s apart)
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
 UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
 
@@ -217,6 +219,9 @@ class Exchange:
             data, self.pending_head = self.pending_head + data, b""
         if data:
             conn.transport.write(data)
+            if more and conn.took_nothing(len(data)):
+                conn.cut()
+                return
         if not more:
             if self.left > 0:
                 raise RuntimeError("response body shorter than its Content-Length")
@@ -330,6 +335,7 @@ class HttpProtocol(asyncio.Protocol):
         self.max_header_bytes = options.max_header_bytes
         self.header_timeout = options.header_timeout
         self.send_timeout = options.send_timeout
+        self.send_check = min(options.send_timeout / SEND_CHECKS, 1.0)
         self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
@@ -352,6 +358,11 @@ class HttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.drain_waiters: list[asyncio.Future[None]] = []
+        # whether the client takes its answer (`took_nothing`)
+        self.expected = -1            # bytes unsent at the last look (-1: not looked at yet in this answer)
+        self.written_since = 0        # bytes handed to the transport since then
+        self.looked_at = 0.0
+        self.taken_at = 0.0           # the last look that found the client had taken bytes (or had none waiting)
         # the request being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -666,6 +677,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _start(self, exchange: Exchange) -> None:
         self.exchange = exchange
+        self.expected = -1
         task = exchange.task = self.loop.create_task(self._run(exchange))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -743,7 +755,9 @@ class HttpProtocol(asyncio.Protocol):
     def resume_side(self) -> None:
         self.resume_reading()
 
-    async def writable(self) -> None:
+    async def writable(self, written: int) -> None:
+        if not self.transport.is_closing() and self.took_nothing(written):
+            self.cut()
         if self.write_paused and not self.transport.is_closing():
             await self.drain()
         if self.transport.is_closing():
@@ -761,26 +775,51 @@ class HttpProtocol(asyncio.Protocol):
                 self.transport.resume_reading()
 
     async def drain(self) -> None:
-        """Wait until the client takes what was written. A client that takes nothing for
-        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost).
-        Taking nothing is judged by the bytes still unsent, the kernel's queue included: the kernel
-        reports a full socket writable only once half its queue (up to megabytes) is gone, which a
-        slow reader that keeps reading can take longer than `send_timeout` to make room for."""
+        """Wait until the client takes what was written; a client that takes nothing for
+        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
         waiter: asyncio.Future[None] = self.loop.create_future()
         self.drain_waiters.append(waiter)
-        unsent = unsent_bytes(self.transport)
         while True:
-            try:
-                await asyncio.wait_for(asyncio.shield(waiter), self.send_timeout)
+            done, _ = await asyncio.wait((waiter,), timeout=self.send_check)
+            if done:
                 return
-            except TimeoutError:
-                still = unsent_bytes(self.transport)
-                if still < unsent:
-                    unsent = still
-                    continue
-            log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
-            self.transport.abort()
-            raise ConnectionResetError("the client took nothing of its answer")
+            if self.took_nothing(0):
+                self.cut()
+                raise ConnectionResetError("the client took nothing of its answer")
+
+    def took_nothing(self, written: int) -> bool:
+        """Whether the client has taken none of the bytes waiting for it for `send_timeout`, just
+        after `written` more were handed to the transport. Looked at as a streamed answer goes out
+        (at most every half `send_check`: a look is a system call) and every `send_check` seconds
+        while a write waits: by the bytes still unsent (the transport's buffer and the kernel's
+        queue), not by the socket being writable. On loopback the kernel queues megabytes before
+        the transport's buffer fills, which a slow stream takes minutes to fill; and it reports a
+        full socket writable only once half its queue is gone, which a slow reader that keeps
+        reading can take longer than `send_timeout` to make room for."""
+        now = self.loop.time()
+        self.written_since += written
+        if self.expected >= 0 and now - self.looked_at < self.send_check / 2:
+            return False
+        unsent = unsent_bytes(self.transport)
+        if self.expected < 0 or unsent == 0 or unsent < self.expected + self.written_since:
+            self.taken_at = now
+        self.expected = unsent
+        self.written_since = 0
+        self.looked_at = now
+        return now - self.taken_at >= self.send_timeout
+
+    def cut(self) -> None:
+        """Cut a client that took nothing of its answer for `send_timeout`: with a reset, as nginx's
+        reset_timedout_connection, so the kernel drops the megabytes still queued for it instead of
+        keeping them for a peer that may never read (a close leaves them queued, and no FIN goes)."""
+        log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
+        if self.exchange is not None:
+            self.exchange.disconnected = True  # its app's next sends go nowhere; connection_lost cancels it
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def _wake_drain(self) -> None:
         waiters, self.drain_waiters = self.drain_waiters, []

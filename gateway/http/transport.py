@@ -327,7 +327,7 @@ class Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
-    async def writable(self) -> None:
+    async def writable(self, written: int) -> None:
         await self.drain()
 
     def _completed(self) -> None:

@@ -23,7 +23,8 @@ class Side(Protocol):
 
     def pause_side(self) -> None: ...      # stop reading the socket
     def resume_side(self) -> None: ...     # read it again
-    async def writable(self) -> None: ...  # wait while the write buffer is full; raises once it is gone
+    async def writable(self, written: int) -> None: ...  # `written` bytes just went to the socket: wait
+    # while the write buffer is full; raises once it is gone
 
 
 class UpgradedStream:
@@ -87,7 +88,7 @@ class UpgradedStream:
         if self.transport.is_closing():
             raise ConnectionResetError("the connection is closed")
         self.transport.write(buffer)
-        await self.side.writable()
+        await self.side.writable(len(buffer))
 
     async def aclose(self) -> None:
         self.ended = True

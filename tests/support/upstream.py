@@ -2,6 +2,8 @@
 
     GET/POST /echo            JSON: method, path, query, headers, body length and sha256
     GET      /bytes?size=N    streams N bytes (1 MiB chunks) without holding them
+    GET      /drip?chunk=N&every=S&count=C  streams N bytes every S seconds (chunked), C times (default:
+                              until the gateway lets go)
     POST     /upload          consumes the body chunk by chunk; JSON: length and sha256
     GET      /slow?delay=S    answers after S seconds
     GET      /status/N        answers with status N
@@ -53,6 +55,21 @@ async def stream_bytes(request: web.Request) -> web.StreamResponse:
         piece = CHUNK if left >= len(CHUNK) else CHUNK[:left]
         await response.write(piece)
         left -= len(piece)
+    await response.write_eof()
+    return response
+
+
+async def drip(request: web.Request) -> web.StreamResponse:
+    chunk = b"d" * int(request.query.get("chunk", "1024"))
+    every = float(request.query.get("every", "0.1"))
+    count = int(request.query.get("count", "-1"))  # -1: until the connection closes (the write fails)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    while count != 0:
+        await response.write(chunk)
+        count -= 1
+        if count:
+            await asyncio.sleep(every)
     await response.write_eof()
     return response
 
@@ -122,6 +139,7 @@ def make_app() -> web.Application:
     app.router.add_route("*", "/echo", echo)
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     app.router.add_get("/bytes", stream_bytes)
+    app.router.add_get("/drip", drip)
     app.router.add_post("/upload", upload)
     app.router.add_get("/slow", slow)
     app.router.add_get("/status/{code}", status)

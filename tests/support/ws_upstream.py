@@ -3,6 +3,7 @@
     /echo...     every message sent back as it came
     /sink        messages counted, not kept; the text "end" is answered with the byte count
     /source/N    N MiB sent in 1 MiB messages, then the connection is closed
+    /drip        a 4 KiB message every 0.1 s until the connection closes
     /refuse      no switch: 403 with a body (an ordinary HTTP answer to a handshake)
     /handshakes  (plain GET) how many handshakes reached this server, as text
 """
@@ -31,6 +32,11 @@ async def handler(ws: ServerConnection) -> None:
                 await ws.send(str(received))
             else:
                 received += len(message)
+    elif path == "/drip":
+        piece = b"d" * 4096
+        while True:
+            await ws.send(piece)
+            await asyncio.sleep(0.1)
     elif path.startswith("/source/"):
         piece = b"s" * MiB
         for _ in range(int(path.rsplit("/", 1)[1])):
