@@ -224,24 +224,16 @@ def decision_runs(procs: run.Processes, tmp: Path, duration: float) -> dict[str,
     outcomes["rls"] = rls_results(gateway.metrics_url)
     atomicity = atomicity_case(rls_port)
     procs.stop(gateway.process)
-    rls_port = run.free_port()
-    grpclib = start_gateway(procs, tmp, "gateway-grpclib", upstream_port, redis_port, rls_port, None,
-                            ["-m", "tests.support.rls_comparison"])
-    for at in CONCURRENCY:
-        rows.setdefault("rls-grpclib", {})[at] = measure_grpc(f"http://127.0.0.1:{rls_port}{RLS_PATH}", body, at,
-                                                              duration, grpclib.notes["worker_pids"])
-    assert grpclib.metrics_url is not None
-    outcomes["rls-grpclib"] = rls_results(grpclib.metrics_url)
-    procs.stop(grpclib.process)
-    rls_port = run.free_port()
-    on_h2 = start_gateway(procs, tmp, "gateway-h2", upstream_port, redis_port, rls_port, None,
-                          ["-m", "tests.support.rls_comparison", "h2"])
-    for at in CONCURRENCY:
-        rows.setdefault("rls-h2", {})[at] = measure_grpc(f"http://127.0.0.1:{rls_port}{RLS_PATH}", body, at,
-                                                         duration, on_h2.notes["worker_pids"])
-    assert on_h2.metrics_url is not None
-    outcomes["rls-h2"] = rls_results(on_h2.metrics_url)
-    procs.stop(on_h2.process)
+    for kind in ("h2", "grpclib"):  # the comparisons (tests/support/rls_comparison.py)
+        rls_port = run.free_port()
+        other = start_gateway(procs, tmp, f"gateway-{kind}", upstream_port, redis_port, rls_port, None,
+                              ["-m", "tests.support.rls_comparison", kind])
+        for at in CONCURRENCY:
+            rows.setdefault(f"rls-{kind}", {})[at] = measure_grpc(f"http://127.0.0.1:{rls_port}{RLS_PATH}", body,
+                                                                  at, duration, other.notes["worker_pids"])
+        assert other.metrics_url is not None
+        outcomes[f"rls-{kind}"] = rls_results(other.metrics_url)
+        procs.stop(other.process)
     return {"rows": rows, "outcomes": outcomes, "atomicity": atomicity, "upstream_port": upstream_port,
             "redis_port": redis_port}
 
