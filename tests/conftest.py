@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,8 +19,43 @@ from tests.support.windows import clear_of_the_edge
 os.environ.setdefault("TZ", "UTC")
 
 
+# The suite's slices (`make test-fast` runs the first): in-process tests against a real Redis; tests
+# that start gateway processes (and the upstreams, apps and servers they need); Redis Cluster,
+# Sentinel and the front proxies (nginx, Caddy, Envoy). A module's slice is read from what it uses,
+# so a new test file lands in its slice without a list to keep.
+SLICES = ("inprocess", "processes", "cluster_and_proxies")
+
+
+def _slice(item: pytest.Item) -> str:
+    from tests.support import front_proxies, gateway_proc, orphans, sentinel
+
+    names = set(getattr(item, "fixturenames", ()))
+    modules = {getattr(item, "module", None)}
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in (info.name2fixturedefs.values() if info is not None else ()):
+        modules.update(sys.modules.get(d.func.__module__) for d in definitions)  # its fixtures' modules too
+    modules -= {None, sys.modules[__name__]}  # this file's fixtures count by their names, below
+    used = {id(value) for module in modules for value in vars(module).values()}
+    heavy = (RedisCluster, sentinel.Sentinel, sentinel.sentinel_topology, front_proxies.FrontProxy,
+             front_proxies.NginxAuthRequest, front_proxies.CaddyForwardAuth, front_proxies.EnvoyExtAuthz,
+             front_proxies.envoy_binary)
+    if "cluster" in names or used & {id(thing) for thing in heavy}:
+        return "cluster_and_proxies"
+    starts = (gateway_proc.GatewayProcess, orphans.started, Upstream, subprocess)
+    if "upstream" in names or used & {id(thing) for thing in starts}:
+        return "processes"
+    return "inprocess"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     patience.factor()  # measured once, before any test loads the machine; carried to child processes
+    for name in SLICES:
+        config.addinivalue_line("markers", f"{name}: a slice of the suite (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, _slice(item)))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
