@@ -34,6 +34,7 @@ class Settings:
     rls_port: int | None = None            # Envoy's rate limit service (gRPC), on `host`; off unless given
     rls_tls_cert: str | None = None        # ... over TLS (ALPN h2) with this certificate chain and key
     rls_tls_key: str | None = None
+    rls_idle_timeout: float = 10.0         # an RLS connection that opens no call for this long is closed
 
     @property
     def decision_only(self) -> bool:
@@ -97,6 +98,8 @@ OPTIONS: tuple[Option, ...] = (
            unset="plain HTTP/2", metavar="PEM"),
     Option("rls_tls_key", "GATEWAY_RLS_TLS_KEY", str, "the PEM private key of --rls-tls-cert", "--rls-tls-key",
            chart="rls.tls.secretName", metavar="PEM"),
+    Option("rls_idle_timeout", "GATEWAY_RLS_IDLE_TIMEOUT", float,
+           "seconds an RLS connection may go without a call before it is closed (PING and other frames do not count)"),
     Option("redis_url", "GATEWAY_REDIS_URL", str, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
            chart="redis.url", unset="routes.yaml's, else the embedded Redis", metavar="URL"),
     Option("data_dir", "GATEWAY_DATA_DIR", str, "where the embedded Redis persists its state", "--data-dir",

@@ -19,6 +19,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import httpx
 import pytest
@@ -287,3 +288,77 @@ def test_not_grpc_and_compressed_are_refused(port: int) -> None:
         assert "compressed" in compressed.headers["grpc-message"]
         torn = client.post(path, content=b"\x00\x00\x00\x00\x09abc", headers={"content-type": "application/grpc"})
         assert torn.headers["grpc-status"] == "3"
+
+
+@pytest.fixture(scope="module")
+def short_idle_port(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess) -> Iterator[int]:
+    """A gateway whose RLS connections may go IDLE seconds without a call."""
+    tmp = tmp_path_factory.mktemp("rls-idle")
+    (tmp / "d.yaml").write_text(FILE)
+    rls_port = free_port()
+    gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
+                             args=("--rls-port", str(rls_port)), env={"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)})
+    gateway.start()
+    try:
+        yield rls_port
+    finally:
+        assert gateway.stop() == 0
+        assert "Traceback" not in gateway.log(), gateway.log()
+
+
+IDLE = 2
+
+
+def _ping(raw: Raw) -> bool:
+    """PING, a SETTINGS and a WINDOW_UPDATE (frames that open no call); False once the server has
+    ended the connection."""
+    try:
+        raw.conn.ping(b"12345678")
+        raw.conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100})
+        raw.conn.increment_flow_control_window(1024)
+        raw.flush()
+    except (BrokenPipeError, ConnectionResetError, h2.exceptions.ProtocolError):
+        return False
+    for event in raw.events(time.monotonic() + 5):
+        if event == "closed" or isinstance(event, h2.events.ConnectionTerminated):
+            return False
+        if isinstance(event, h2.events.PingAckReceived):
+            return True
+    return True
+
+
+def _ask(raw: Raw, value: str) -> bool:
+    """One call answered OK; False once the server has ended the connection."""
+    stream = raw.call(message(value))
+    for event in raw.events(time.monotonic() + 5):
+        if event == "closed" or isinstance(event, h2.events.ConnectionTerminated):
+            return False
+        if isinstance(event, h2.events.DataReceived):  # the window stays open for the next answers
+            raw.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        if isinstance(event, h2.events.TrailersReceived) and event.stream_id == stream:
+            return dict(event.headers)[b"grpc-status"] == b"0"
+    return False
+
+
+def test_frames_without_a_call_do_not_keep_a_connection(short_idle_port: int) -> None:
+    """PINGs alone (or SETTINGS, WINDOW_UPDATE) kept a connection for good, so they could fill the
+    worker's connection slots: idle means no call, whatever else arrives. A connection that keeps
+    calling stays."""
+    never_called = Raw(short_idle_port)
+    called_once = Raw(short_idle_port)
+    calling = Raw(short_idle_port)
+    try:
+        assert _ask(called_once, "once")
+        alive = {"never_called": True, "called_once": True}
+        deadline = time.monotonic() + within(IDLE + 20)
+        n = 0
+        while any(alive.values()) and time.monotonic() < deadline:
+            alive["never_called"] = alive["never_called"] and _ping(never_called)
+            alive["called_once"] = alive["called_once"] and _ping(called_once)
+            assert _ask(calling, f"c{n}"), "a connection making calls was closed"
+            n += 1
+        assert alive == {"never_called": False, "called_once": False}
+        assert _ask(calling, "after")
+    finally:
+        for raw in (never_called, called_once, calling):
+            raw.close()

@@ -13,8 +13,9 @@ Bounds, each with a test (tests/test_rls_server.py):
   without a call answered beyond MAX_RESETS (the HTTP/2 rapid reset: GOAWAY ENHANCE_YOUR_CALM);
 - per call one message of at most MAX_MESSAGE bytes (more: RESOURCE_EXHAUSTED, nothing counted),
   no compression (UNIMPLEMENTED), and BODY_TIMEOUT for its body to end (else the stream is reset);
-- a connection idle (no call in flight) for IDLE_TIMEOUT, or that has asked nothing after
-  BODY_TIMEOUT, is closed.
+- a connection that opens no call for `idle_timeout` seconds (GATEWAY_RLS_IDLE_TIMEOUT) while
+  none is in flight is closed: PING, SETTINGS, WINDOW_UPDATE and the like open no call, so they
+  never keep a connection (nor its slot) on their own.
 A stream the client resets is cancelled, its call with it. Shutdown (`drain`): GOAWAY naming the
 last stream taken, later streams refused, the calls in flight answered, then the connection closes.
 """
@@ -54,8 +55,8 @@ MAX_HEADER_LIST = 16 * 1024
 MAX_BUFFERED = 1024 * 1024
 MAX_CONNECTIONS = 4096
 MAX_RESETS = 100          # client resets beyond twice the calls answered, and this many more
-BODY_TIMEOUT = 10.0       # seconds for a call's body to end, and for a new connection to ask something
-IDLE_TIMEOUT = 300.0      # seconds a connection may sit with no call in flight
+BODY_TIMEOUT = 10.0       # seconds for a call's body to end
+IDLE_TIMEOUT = 10.0       # seconds a connection may go without a call (the server's default)
 INTERNAL = 13
 _CONFIG = h2.config.H2Configuration(
     client_side=False, header_encoding=None,
@@ -86,8 +87,9 @@ class GrpcProtocol(asyncio.Protocol):
     a path to a handler answered in place (the health check)."""
 
     def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
-                 connections: set[GrpcProtocol]) -> None:
+                 connections: set[GrpcProtocol], idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.calls, self.now, self.connections = calls, now, connections
+        self.idle_timeout = idle_timeout
         self.conn = h2.connection.H2Connection(config=_CONFIG)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, _Stream] = {}
@@ -98,7 +100,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.flush_due = False  # answers made in this turn of the loop go out in one write
         self.resets = 0
         self.answered = 0
-        self.opened = self.active = time.monotonic()
+        self.active = time.monotonic()  # when the last call was opened or answered: frames alone never move it
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -138,7 +140,6 @@ class GrpcProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        self.active = time.monotonic()
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:  # h2 has queued its GOAWAY
@@ -189,7 +190,8 @@ class GrpcProtocol(asyncio.Protocol):
         if path not in self.calls and path not in self.now:
             self._error(stream_id, UNIMPLEMENTED, f"unknown method {path.decode('latin-1')[:200]}")
             return
-        self.streams[stream_id] = _Stream(path, time.monotonic())
+        self.active = time.monotonic()
+        self.streams[stream_id] = _Stream(path, self.active)
         if ended:
             self._ended(stream_id)
 
@@ -246,6 +248,7 @@ class GrpcProtocol(asyncio.Protocol):
             self._answer(stream_id, answer)
         finally:
             self.tasks.pop(stream_id, None)
+            self.active = time.monotonic()
         if not self.tasks:  # the last call in flight: its answer goes now
             self._flush()
             self._finish_if_drained()
@@ -340,14 +343,13 @@ class GrpcProtocol(asyncio.Protocol):
             self._close()
 
     def sweep(self, now: float) -> None:
-        """The timeouts: a call's body that does not end, a connection that asks nothing."""
+        """The timeouts: a call's body that does not end, a connection that opens no call. An
+        answer waiting for the client's window does not keep the connection."""
         for stream_id, stream in list(self.streams.items()):
             if now - stream.started > BODY_TIMEOUT:
                 self._forget(stream_id)
                 self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
-        busy = self.tasks or self.streams or self.pending
-        if not busy and (now - self.active > IDLE_TIMEOUT or (self.answered == 0 and now - self.opened > BODY_TIMEOUT
-                                                               and now - self.active > BODY_TIMEOUT)):
+        if not self.tasks and not self.streams and now - self.active > self.idle_timeout:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.conn.close_connection()
             self._flush()
@@ -360,15 +362,18 @@ class GrpcProtocol(asyncio.Protocol):
 class GrpcServer:
     """The listening RLS socket of one worker and its connections."""
 
-    def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]]) -> None:
+    def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.calls, self.now = calls, now
+        self.idle_timeout = idle_timeout
         self.connections: set[GrpcProtocol] = set()
         self.server: asyncio.Server | None = None
         self.sweeper: asyncio.Task[None] | None = None
 
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections), sock=sock,
+        self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections,
+                                                                            self.idle_timeout), sock=sock,
                                                ssl=tls)
         self.sweeper = loop.create_task(self._sweep())
 
