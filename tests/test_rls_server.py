@@ -23,6 +23,7 @@ import h2.exceptions
 import h2.settings
 import httpx
 import pytest
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame
 
 from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
 from tests.support.gateway_proc import GatewayProcess
@@ -50,6 +51,7 @@ class Raw:
             self.conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
         self.conn.initiate_connection()
         self.flush()
+        self.unread = bytearray()  # the server's bytes, fed to h2 a frame at a time
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -69,7 +71,8 @@ class Raw:
         return stream
 
     def events(self, until: float) -> Iterator[Any]:
-        """Events as they come, until the server closes the connection or `until` passes."""
+        """Events as they come, until the server closes the connection or `until` passes. h2 takes
+        no frame after the server's GOAWAY (the PING of a graceful close): those are read, not fed."""
         while time.monotonic() < until:
             self.sock.settimeout(max(0.01, until - time.monotonic()))
             try:
@@ -82,7 +85,13 @@ class Raw:
             if not data:
                 yield "closed"
                 return
-            yield from self.conn.receive_data(data)
+            self.unread += data
+            while len(self.unread) >= 9 and len(self.unread) >= 9 + int.from_bytes(self.unread[:3], "big"):
+                size = 9 + int.from_bytes(self.unread[:3], "big")
+                frame = bytes(self.unread[:size])
+                del self.unread[:size]
+                if self.conn.state_machine.state is not h2.connection.ConnectionState.CLOSED:
+                    yield from self.conn.receive_data(frame)
             self.flush()
 
     def close(self) -> None:
@@ -362,3 +371,70 @@ def test_frames_without_a_call_do_not_keep_a_connection(short_idle_port: int) ->
     finally:
         for raw in (never_called, called_once, calling):
             raw.close()
+
+
+def test_a_call_on_its_way_when_an_idle_connection_closes_is_answered(short_idle_port: int) -> None:
+    """The idle close is graceful (RFC 9113 6.8): a first GOAWAY names the largest stream id, so a
+    call the client sent before reading it (Envoy's next request, crossing it on the wire) is still
+    answered; the final GOAWAY follows the client's PING ACK, and then the connection ends."""
+    raw = Raw(short_idle_port)
+    try:
+        stream = raw.call(message("crossing"), send=False)
+        call = raw.conn.data_to_send()  # made while the connection was open, sent once the GOAWAY is in
+        goaway_seen, held = False, b""
+        deadline = time.monotonic() + within(IDLE + 10)
+        while not goaway_seen and time.monotonic() < deadline:
+            raw.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = raw.sock.recv(65536)
+            assert data, "closed without a GOAWAY"
+            offset = 0
+            while offset + 9 <= len(data):  # held: the frames after the GOAWAY (its PING) wait for the call
+                frame, length = Frame.parse_frame_header(memoryview(data[offset:offset + 9]))
+                if isinstance(frame, GoAwayFrame):
+                    goaway_seen = True
+                    held = data[offset:]
+                    data = data[:offset]
+                    break
+                offset += 9 + length
+            for _ in raw.conn.receive_data(data):
+                pass
+            raw.flush()
+        assert goaway_seen
+        raw.sock.sendall(call)
+        frames = _frames_until_closed(raw, held, within(10))
+        for frame in frames:
+            if isinstance(frame, PingFrame) and "ACK" not in frame.flags:
+                raw.sock.sendall(PingFrame(0, frame.opaque_data, flags=["ACK"]).serialize())
+        frames += _frames_until_closed(raw, b"", within(10))
+        assert any(isinstance(f, DataFrame) and f.stream_id == stream and f.data for f in frames)
+        assert any(isinstance(f, HeadersFrame) and f.stream_id == stream and "END_STREAM" in f.flags for f in frames)
+        final = [f for f in frames if isinstance(f, GoAwayFrame)]
+        assert final and final[-1].last_stream_id == stream
+    finally:
+        raw.close()
+
+
+def _frames_until_closed(raw: Raw, held: bytes, seconds: float) -> list[Any]:
+    """The frames in `held` and those that come until the server closes (or `seconds` pass)."""
+    data = bytearray(held)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        raw.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = raw.sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            break
+        data += chunk
+        if held:  # the first call: what was held and what followed, before the PING's ACK goes out
+            break
+    frames, offset = [], 0
+    while offset + 9 <= len(data):
+        frame, length = Frame.parse_frame_header(memoryview(data[offset:offset + 9]))
+        frame.parse_body(memoryview(data[offset + 9:offset + 9 + length]))
+        frames.append(frame)
+        offset += 9 + length
+    return frames
