@@ -20,12 +20,14 @@ from gateway.runtime import Runtime
 
 
 async def decide(runtime: Runtime, route: str, rules: list[Rule], keys: list[str], costs: list[int | None],
-                 specs: Sequence[RuleSpec], lease: bytes = b"") -> tuple[Decision, bool]:
+                 specs: Sequence[RuleSpec], lease: bytes = b"",
+                 any_kinds: tuple[str, ...] | None = None) -> tuple[Decision, bool]:
     """The decision for these rules, keys and costs, and whether memory gave it (True) or Redis.
-    Raises RedisUnavailable, counted in gateway_redis_errors_total."""
+    `any_kinds`: the calendar zones of the one script that takes rules of any kind (the RLS port's
+    calls of several rules). Raises RedisUnavailable, counted in gateway_redis_errors_total."""
     try:
-        decision, from_memory = await runtime.refusals.decide(
-            rules, keys, costs, partial(runtime.limiter.decide, specs, keys, costs, lease=lease))
+        decision, from_memory = await runtime.refusals.decide(rules, keys, costs, partial(
+            runtime.limiter.decide, specs, keys, costs, lease=lease, any_kinds=any_kinds))
     except RedisUnavailable as exc:
         metrics.REDIS_ERRORS.labels(exc.kind).inc()
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import struct
+from collections.abc import Sequence
 from string import Template
 from typing import NamedTuple
 
@@ -360,3 +361,118 @@ def overridden_script(specs: tuple[RuleSpec, ...], shaped: DecisionScript) -> De
 def shape_script(shape: tuple[RuleSpec, ...], overridden: frozenset[int], peek: bool = False) -> DecisionScript:
     source, layout = write_script(shape, peek, overridden)
     return DecisionScript(Script(f"decide:{len(shape)}:overridden", source), layout)
+
+
+# --- one script for rules of any kinds ------------------------------------------------------------
+
+Kind = tuple[str, bool, str]  # (fragment, shadow, calendar)
+
+
+def kind_of(spec: RuleSpec) -> Kind:
+    """Which branch of the generic script runs `spec` (its numbers come from ARGV)."""
+    algorithm = spec.algorithm
+    if algorithm in ("leaky_bucket", "concurrency") or not spec.charge or spec.force:
+        raise ValueError(f"{algorithm} (charge {spec.charge}, force {spec.force}) has no generic form")
+    if algorithm in BUCKET_ALGORITHMS:
+        return "bucket", spec.shadow, ""
+    if algorithm == "quota" and spec.p2 == 0:
+        return "quota", spec.shadow, ""
+    if algorithm in ("fixed_window", "quota"):
+        return "window", spec.shadow, spec.calendar
+    return algorithm, spec.shadow, ""
+
+
+def _kind_spec(kind: Kind) -> RuleSpec:
+    fragment, shadow, calendar = kind
+    algorithm = {"bucket": "token_bucket", "window": "fixed_window"}.get(fragment, fragment)
+    return RuleSpec(algorithm, 1, 0 if fragment == "quota" else 1_000_000, shadow, calendar=calendar)
+
+
+def generic_kinds(calendars: tuple[str, ...]) -> dict[Kind, int]:
+    """The kinds a generic script knows and their codes (1..), in the order it tests them, the
+    commonest first; a kind's shadow has its code plus half their number."""
+    plain = [("window", ""), ("bucket", ""), ("sliding_window", ""), ("quota", ""), ("sliding_log", "")]
+    plain += [("window", calendar) for calendar in calendars]
+    kinds = [(fragment, shadow, calendar) for shadow in (False, True) for fragment, calendar in plain]
+    return {kind: code for code, kind in enumerate(kinds, start=1)}
+
+
+_OWN_LOCALS = re.compile(r"\Alocal ai(?:, [bfg]i)*\n")
+_SLOT = 2**40  # where the reply goes, in a fragment: out[_SLOT] is out[j] (j = 2 * i) in the loop
+_GIVEN = {"p1": "p1", "p2": "p2", "span": "p3", "float_slack": "p3", "most_ahead": "p4", "most": "p5"}
+
+
+def _dispatch(branches: list[tuple[int, str]]) -> str:
+    """Lua running the branch of the rule's kind (`k`)."""
+    return "".join(f"{'if' if n == 0 else 'elseif'} k == {code} then\n{body}"
+                   for n, (code, body) in enumerate(branches)) + "end\n"
+
+
+def write_generic(calendars: tuple[str, ...]) -> str:
+    """The Lua source deciding up to MAX_RULES rules of any kinds (`generic_kinds`), one loop over
+    them, none of their numbers a constant. KEYS: one per rule; ARGV: a cost per rule, then the
+    struct format of the last, one string of doubles: each rule's kind, then PARAMS numbers per rule
+    (`generic_params`). Each rule replies with two integers (`generic_layout`)."""
+    kinds = generic_kinds(calendars)
+    at_calendar = {c: k for k, c in enumerate(calendars)}
+    parts = [FRAGMENTS["head"].substitute(keys="unpack(KEYS)", slots="1, unpack(KEYS, 1, 2 * #KEYS)",
+                                          delay_local="", delay_zero=""),
+             FRAGMENTS["locals_sliding_window"].substitute()]
+    for calendar, k in at_calendar.items():
+        period, zone = calendar.split("@", 1)
+        parts.append(FRAGMENTS["calendar"].substitute(c=k, kind=KINDS[period], offsets=offset_tree(zone)))
+    # tables are made at their size (`out` too; unpack past the end gives nils): grown entry by
+    # entry they were rehashed at each power of two, and allocations cost more than a rule's Lua
+    parts.append("local n = #KEYS\n"
+                 "local P = {struct.unpack(ARGV[n + 1], ARGV[n + 2])}\n"
+                 "local W, R = {unpack(KEYS, 1, 2 * n)}, nil   -- per rule its write (a, b), its repair (f, g)\n")
+    decide: list[tuple[int, str]] = []
+    repair: list[tuple[int, str]] = []
+    write: list[tuple[int, str]] = []
+    for kind, code in kinds.items():
+        spec = _kind_spec(kind)
+        body = _rule(0, spec, "false", 0, _GIVEN, at_calendar) + _verdict(0, spec, "p5", _SLOT, 0)
+        body = body.replace(f"out[{_SLOT}]", "out[j]").replace(f"out[{_SLOT + 1}]", "out[j + 1]")
+        decide.append((code, _OWN_LOCALS.sub("", _indexed(body), count=1)))
+        if not kind[1]:
+            if fixed := _repair(0, spec):
+                repair.extend((c, _indexed(fixed)) for c in (code, code + len(kinds) // 2))
+            write.extend((c, _indexed(_write(0, spec, 0, _GIVEN))) for c in (code, code + len(kinds) // 2))
+    parts.append("for i = 1, n do\n"
+                 f"local k, o, j = P[i], n + (i - 1) * {PARAMS}, 2 * i\n"
+                 "local p1, p2, p3, p4, p5 = P[o + 1], P[o + 2], P[o + 3], P[o + 4], P[o + 5]\n"
+                 "out[j], out[j + 1] = 0, 0\n"
+                 "local ai, bi, fi, gi\n" + _dispatch(decide) + "W[j - 1], W[j] = ai, bi\n"
+                 "if fi then\nR = R or {}\nR[j - 1], R[j] = fi, gi\nend\nend\n")
+    parts.append("if R then\nfor i = 1, n do\nlocal j = 2 * i\nlocal fi, gi = R[j - 1], R[j]\nif fi then\n"
+                 f"local k = P[i]\n{_dispatch(repair)}end\nend\nend\n")
+    parts.append("if not refused then\nfor i = 1, n do\nlocal ai, bi = W[2 * i - 1], W[2 * i]\nif ai then\n"
+                 f"local k, o = P[i], n + (i - 1) * {PARAMS}\nlocal p2 = P[o + 2]\n{_dispatch(write)}end\nend\nend\n")
+    parts.append(FRAGMENTS["tail"].substitute(admitted=""))
+    return _simplified("".join(parts))
+
+
+def _indexed(lua: str) -> str:
+    """A fragment written for rule 0, made to run for the loop's rule i."""
+    return re.sub(r"\b([abfg])0\b", r"\1i", lua).replace("[0]", "[i]").replace("= 0, retry", "= i, retry")
+
+
+def generic_script(calendars: tuple[str, ...]) -> DecisionScript:
+    return DecisionScript(Script("decide:any", write_generic(calendars)), generic_layout(0))
+
+
+_FORMATS = [b"<" + b"d" * (n * (PARAMS + 1)) for n in range(MAX_RULES + 1)]
+_LAYOUTS = [Layout(tuple((2 * i - 1, 0) for i in range(1, n + 1))) for n in range(MAX_RULES + 1)]
+
+
+def generic_layout(rules: int) -> Layout:
+    return _LAYOUTS[rules]
+
+
+def generic_params(specs: Sequence[RuleSpec], kinds: dict[Kind, int]) -> tuple[bytes, bytes]:
+    """The ARGV after the costs of a generic script for `specs`: the struct format of the doubles,
+    and the doubles, their kinds, then their numbers."""
+    numbers = [float(kinds[kind_of(spec)]) for spec in specs]
+    for spec in specs:
+        numbers.extend(override_params(spec))
+    return _FORMATS[len(specs)], struct.pack(_FORMATS[len(specs)].decode(), *numbers)

@@ -12,9 +12,14 @@ from typing import Any, NamedTuple, Protocol
 from gateway.breaker import Breaker, BreakerState
 from gateway.decision_script import (
     DecisionScript,
+    Kind,
     Layout,
     RuleSpec,
     decision_script,
+    generic_kinds,
+    generic_layout,
+    generic_params,
+    generic_script,
     overridden_script,
     override_shape,
     rule_spec,
@@ -129,6 +134,8 @@ class Limiter:
         self.scripts: dict[tuple[tuple[RuleSpec, ...], bool], DecisionScript] = {}
         # routes with overridden rules (gateway/overrides.py): one script per shape, numbers in ARGV
         self.shapes: dict[tuple[tuple[RuleSpec, ...], frozenset[int], bool], DecisionScript] = {}
+        # rules of any kinds (the RLS port's calls): one script per set of calendars, of the config
+        self.generic: dict[tuple[str, ...], tuple[DecisionScript, dict[Kind, int]]] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -152,17 +159,22 @@ class Limiter:
         costs: Sequence[int | None],
         peek: bool = False,
         lease: bytes = b"",
+        any_kinds: tuple[str, ...] | None = None,
     ) -> Decision:
         """rules: each rule's `rule_spec()`, a route's all; keys and costs: one per rule, in order.
 
         A cost of None: the request has no identity for that rule (its key is any key with the
         route's hash tag), which sits out and is left out of the Decision. So one script serves a
         route. peek: report the rules' state and write nothing (costs should be 0). lease: the
-        request's lease token, for a route with concurrency rules."""
-        combination = (tuple(rules), peek)
-        found = self.scripts.get(combination)
-        if found is None:
-            found = self._script(*combination)
+        request's lease token, for a route with concurrency rules. any_kinds: the rules may be of any
+        combination of kinds, fixed by none of the config's routes (the RLS port's calls): they run
+        in the one script that takes any (decision_script.write_generic), which knows these calendars.
+        So the scripts a client's choices load into Redis stay few, whatever it sends."""
+        if any_kinds is not None:
+            found = self._generic(rules, any_kinds)
+        else:
+            combination = (tuple(rules), peek)
+            found = self.scripts.get(combination) or self._script(*combination)
         if len(keys) != len(rules) or len(costs) != len(rules):
             raise ValueError("one key and one cost per rule")
         domain = self.runner.failure_domain(keys[0]) if keys else None
@@ -231,6 +243,7 @@ class Limiter:
         """Every script this limiter has run, for the probe to load before requests need them."""
         scripts = {found.script.sha: found.script for found in self.scripts.values()}
         scripts.update((found.script.sha, found.script) for found in self.shapes.values())
+        scripts.update((found.script.sha, found.script) for found, _ in self.generic.values())
         scripts[LEASES.sha] = LEASES
         return list(scripts.values())
 
@@ -249,6 +262,13 @@ class Limiter:
                 self.shapes.clear()
             found = self.shapes[(shape, overridden, peek)] = shape_script(shape, overridden, peek)
         return overridden_script(specs, found)
+
+    def _generic(self, specs: Sequence[RuleSpec], calendars: tuple[str, ...]) -> DecisionScript:
+        known = self.generic.get(calendars)
+        if known is None:
+            known = self.generic[calendars] = (generic_script(calendars), generic_kinds(calendars))
+        script, kinds = known
+        return DecisionScript(script.script, generic_layout(len(specs)), generic_params(specs, kinds))
 
     async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
         """Run one of the overrides' store scripts (gateway/overrides.py); Redis errors as

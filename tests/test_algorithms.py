@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Rule
-from gateway.limiter import Decision, Outcome
+from gateway.limiter import Decision, Outcome, rule_spec
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
 from tests.support.limiter_models import NEVER, Answer, Model, Route, model_for, step_us, window_us
 from tests.support.redis_proc import binaries
@@ -395,3 +395,56 @@ def test_model_sanity() -> None:
     assert [first, bucket.answer(0, 1).admitted] == [True, True]
     bucket.take(0, 1)
     assert bucket.answer(0, 1).retry_us == 333_334
+
+
+# --- the script for rules of any kinds (the RLS port's) --------------------------------------------
+
+ANY_KINDS = [a for a in ALGORITHMS if a != "leaky_bucket"]  # leaky_bucket delays: the RLS port refuses it
+CALENDAR_DAY = Rule("r", (), "fixed_window", limit=3, window=86_400.0, calendar_period="day", calendar="Europe/Berlin")
+
+
+def decide_any(engine: Engine, route: list[Rule], keys: list[str], costs_now: list[int | None],
+               calendars: tuple[str, ...]) -> Decision:
+    specs = [rule_spec(r) for r in route]
+    return engine.loop.run_until_complete(engine.limiter.decide(specs, keys, costs_now, any_kinds=calendars))
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_the_script_for_any_kinds_decides_as_each_routes_own(engine: Engine, data: st.DataObject) -> None:
+    """Random combinations of 1-6 rules of every kind the RLS port takes (shadow or not, a calendar
+    day among them), random costs, some rules sitting out, time moving on and stepping back: the
+    one script for any kinds answers field by field as the combination's own script, on keys of
+    their own, and writes the keys it writes."""
+    kinds = data.draw(st.lists(st.sampled_from([*ANY_KINDS, "calendar"]), min_size=1, max_size=6), label="kinds")
+    route = [CALENDAR_DAY if k == "calendar" else data.draw(rules(k, shadow=st.booleans())) for k in kinds]
+    own, generic = fresh_keys(len(route)), fresh_keys(len(route))
+    calendars = ("day@Europe/Berlin",)
+    t = T0 + data.draw(st.integers(0, 10_000_000))
+    for _ in range(data.draw(st.integers(1, 25), label="requests")):
+        t += data.draw(st.one_of(st.just(0), st.integers(1, 5_000), st.integers(0, 3_000_000),
+                                 st.integers(-2_000_000, 0)))
+        costs_now: list[int | None] = [data.draw(st.one_of(st.none(), st.integers(0, r.capacity + 1)))
+                                       for r in route]
+        engine.at(t)
+        before = raw_state(engine, own), raw_state(engine, generic)
+        expected = engine.decide(route, own, costs_now)
+        decision = decide_any(engine, route, generic, costs_now, calendars)
+        where = f"{route} at +{t - T0}us costs {costs_now}"
+        assert decision == expected, where
+        after = raw_state(engine, own), raw_state(engine, generic)
+        # the same keys written (the states' bytes may differ: a sliding window's is another layout)
+        assert [a != b for a, b in zip(before[0], after[0], strict=True)] == \
+            [a != b for a, b in zip(before[1], after[1], strict=True)], where
+
+
+def test_the_script_for_any_kinds_takes_thirty_two_rules(engine: Engine) -> None:
+    """The most rules a call counts, of every kind at once, in one script call."""
+    route = [Rule("r", (), a, limit=5, window=60.0) if a in ("fixed_window", "sliding_window", "sliding_log")
+             else Rule("r", (), a, rate=1.0, burst=5) if a in ("token_bucket", "gcra")
+             else Rule("r", (), "quota", limit=5) for a in itertools.islice(itertools.cycle(ANY_KINDS), 32)]
+    keys = fresh_keys(32)
+    engine.at(T0 + 5_000_000)
+    decisions = [decide_any(engine, route, keys, [1] * 32, ()) for _ in range(6)]
+    assert [d.admitted for d in decisions] == [True] * 5 + [False]
+    assert [s.remaining for s in decisions[4].rules] == [0] * 32

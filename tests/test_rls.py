@@ -15,7 +15,9 @@ import signal
 import textwrap
 import threading
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import grpc
 import httpx
@@ -38,6 +40,7 @@ from tests.support.rls_client import (
     Descriptor,
     RlsClient,
     codes,
+    decision_scripts,
     error_of,
     remaining,
     request,
@@ -166,6 +169,8 @@ rls:
             - key: plan
               value: free
               limit: {name: free_plan, algorithm: gcra, rate: 2/min, burst: 2}
+        - key: daily
+          limit: {name: daily, algorithm: fixed_window, limit: 5, window: day, calendar: Europe/Berlin}
 """
 
 
@@ -440,6 +445,22 @@ def test_native_domain_rules_of_other_algorithms(rls: Rls) -> None:
     assert rls.client.ask("native", [("org", org)]).overall_code == OK  # sliding window: its own count
 
 
+def test_a_calendar_day_resets_at_local_midnight(rls: Rls) -> None:
+    """A native rule's calendar day ends at the zone's midnight (the script once knew only a period
+    of the day's longest length, from the epoch)."""
+    def to_midnight() -> float:
+        now = datetime.now(ZoneInfo("Europe/Berlin"))
+        midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time(), now.tzinfo)
+        return midnight.timestamp() - now.timestamp()
+
+    longest = to_midnight()
+    status = rls.client.ask("native", [("daily", unique())]).statuses[0]
+    shortest = to_midnight()
+    assert status.code == OK and status.limit_remaining == 4
+    reset = status.duration_until_reset.seconds + status.duration_until_reset.nanos / 1e9
+    assert shortest - 1 <= reset <= longest + 1
+
+
 def test_headers_as_defaults_headers_says(rls: Rls) -> None:
     key = unique()
     ok = rls.client.ask("another", [("key2", key)], hits=19)
@@ -470,7 +491,7 @@ def test_admin_override_of_a_native_rule(rls: Rls) -> None:
     limits = httpx.get(f"{rls.gateway.admin_url}/limits", timeout=5).json()
     native = next(r for r in limits["routes"] if r["name"] == "rls.native")
     assert native["match"] == {"rls_domain": "native"}
-    assert {rule["name"] for rule in native["rules"]} == {"user_bucket", "org_window", "free_plan"}
+    assert {rule["name"] for rule in native["rules"]} == {"user_bucket", "org_window", "free_plan", "daily"}
 
 
 def test_health(rls: Rls) -> None:
@@ -738,3 +759,66 @@ def test_a_sharded_domain_needs_a_share_for_every_rule(tmp_path: Path) -> None:
     (problem,) = raised.value.problems
     assert (problem.line, problem.key) == (5, "rls.domains.d.shards")
     assert "rule 'user' (limit 3) cannot be split over 4 shards" in problem.message
+
+
+# --- a bounded number of scripts whatever the calls' shapes ------------------------------------------
+
+KIND_RULES = {
+    "fw": "algorithm: fixed_window, limit: 1000, window: 1h",
+    "tb": "algorithm: token_bucket, rate: 1000/h, burst: 1000",
+    "gc": "algorithm: gcra, rate: 1000/h, burst: 1000",
+    "sw": "algorithm: sliding_window, limit: 1000, window: 1h",
+    "sl": "algorithm: sliding_log, limit: 1000, window: 1h",
+    "qp": "algorithm: quota, limit: 1000, period: 1d",
+    "qn": "algorithm: quota, limit: 1000",
+    "cal": "algorithm: fixed_window, limit: 1000, window: day, calendar: Europe/Berlin",
+}
+KINDS = [*KIND_RULES, *(f"s_{kind}" for kind in KIND_RULES)]
+KINDS_CONFIG = "version: 1\nrls:\n  domains:\n    kinds:\n      descriptors:\n" + "".join(
+    f"        - key: {prefix}{kind}\n          limit: {{name: {prefix}{kind}, {rule}{shadow}}}\n"
+    for prefix, shadow in (("", ""), ("s_", ", shadow: true")) for kind, rule in KIND_RULES.items()
+) + "        - key: one\n          limit: {name: one, algorithm: quota, limit: 1}\n"
+
+
+def _shapes(count: int) -> list[list[int]]:
+    """`count` distinct combinations of limit kinds: how many descriptors of each kind, 31 at most."""
+    rng = random.Random(40)
+    seen: set[tuple[int, ...]] = {tuple([31] + [0] * (len(KINDS) - 1))}
+    shapes = [list(next(iter(seen)))]
+    while len(shapes) < count:
+        shape = tuple(rng.choice((0, 0, 1, 2)) for _ in KINDS)
+        if 0 < sum(shape) <= 31 and shape not in seen:
+            seen.add(shape)
+            shapes.append(list(shape))
+    return shapes
+
+
+def test_calls_of_many_shapes_load_a_bounded_number_of_scripts(tmp_path: Path) -> None:
+    """320 calls, each a new combination of limit kinds: each loaded a script of its own (16 MB of
+    Redis, kept for good) and, past 256 of them, every new one was refused RESOURCE_EXHAUSTED, the
+    legitimate calls of other clients too. Now every call is answered, all or nothing as ever, and
+    the scripts Redis holds do not grow with the shapes."""
+    server = RedisProcess()
+    server.start()
+    rls = start_rls(tmp_path, server.url, {}, KINDS_CONFIG)
+    info = server.client()
+    try:
+        rls.client.ask("kinds", [("one", "warm")], [("fw", "warm")])
+        scripts_before = decision_scripts(info)
+        for n, shape in enumerate(_shapes(320)):
+            descriptors = [[("one", f"one-{n}")]] + [
+                [(kind, f"{n}-{kind}-{c}")] for kind, copies in zip(KINDS, shape, strict=True) for c in range(copies)]
+            first = rls.client.ask("kinds", *descriptors)
+            assert first.overall_code == OK, (n, shape)
+            assert remaining(first) == [0] + [999] * (len(descriptors) - 1), (n, shape)
+            again = rls.client.ask("kinds", *descriptors)  # `one` is spent: refused, and nothing else counted
+            assert again.overall_code == OVER_LIMIT, (n, shape)
+            assert codes(again) == [OVER_LIMIT] + [OK] * (len(descriptors) - 1), (n, shape)
+            assert remaining(again)[1:] == [999] * (len(descriptors) - 1), (n, shape)
+        for n in range(20):  # one descriptor with a limit of its own: the client's number chooses no script
+            assert rls.client.ask("kinds", Descriptor([("fw", f"own-{n}")], limit=(n + 1, MINUTE))).overall_code == OK
+        assert decision_scripts(info) == scripts_before == 1  # the script for any kinds
+    finally:
+        rls.client.close()
+        assert rls.gateway.stop() == 0
+        server.stop()

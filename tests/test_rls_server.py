@@ -23,13 +23,14 @@ import h2.exceptions
 import h2.settings
 import httpx
 import pytest
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame
 
 from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
-from tests.support.rls_client import OK, Descriptor, RlsClient, error_of, request
+from tests.support.rls_client import OK, Descriptor, RlsClient, decision_scripts, error_of, request
 
 PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 FILE = """\
@@ -50,6 +51,7 @@ class Raw:
             self.conn.local_settings = h2.settings.Settings(client=True, initial_values=settings)
         self.conn.initiate_connection()
         self.flush()
+        self.unread = bytearray()  # the server's bytes, fed to h2 a frame at a time
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -69,7 +71,8 @@ class Raw:
         return stream
 
     def events(self, until: float) -> Iterator[Any]:
-        """Events as they come, until the server closes the connection or `until` passes."""
+        """Events as they come, until the server closes the connection or `until` passes. h2 takes
+        no frame after the server's GOAWAY (the PING of a graceful close): those are read, not fed."""
         while time.monotonic() < until:
             self.sock.settimeout(max(0.01, until - time.monotonic()))
             try:
@@ -82,7 +85,13 @@ class Raw:
             if not data:
                 yield "closed"
                 return
-            yield from self.conn.receive_data(data)
+            self.unread += data
+            while len(self.unread) >= 9 and len(self.unread) >= 9 + int.from_bytes(self.unread[:3], "big"):
+                size = 9 + int.from_bytes(self.unread[:3], "big")
+                frame = bytes(self.unread[:size])
+                del self.unread[:size]
+                if self.conn.state_machine.state is not h2.connection.ConnectionState.CLOSED:
+                    yield from self.conn.receive_data(frame)
             self.flush()
 
     def close(self) -> None:
@@ -224,11 +233,11 @@ def test_limits_from_descriptors_load_no_script_per_number(port: int, redis_proc
     info = redis_proc.client()
     try:
         client.ask("d", Descriptor([("k", "warm")], limit=(5, 2)), [("k", "warm")])
-        before = int(info.info("memory")["number_of_cached_scripts"])
+        before = decision_scripts(info)
         for n in range(40):
             first, second = Descriptor([("k", f"a{n}")], limit=(random.randrange(1, 10**9), 2)), [("k", f"b{n}")]
             assert client.ask("d", *((first, second) if n % 2 else (second, first))).overall_code == OK
-        assert int(info.info("memory")["number_of_cached_scripts"]) - before == 0
+        assert decision_scripts(info) - before == 0
         many = [Descriptor([("k", f"m{n}")]) for n in range(33)]
         status, details = error_of(lambda: client.ask("d", *many))
         assert status is grpc.StatusCode.INVALID_ARGUMENT and "at most 32" in details
@@ -292,14 +301,16 @@ def test_not_grpc_and_compressed_are_refused(port: int) -> None:
         assert torn.headers["grpc-status"] == "3"
 
 
-@pytest.fixture(scope="module")
-def short_idle_port(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess) -> Iterator[int]:
-    """A gateway whose RLS connections may go IDLE seconds without a call."""
+@pytest.fixture(scope="module", params=["lean", "h2"])
+def short_idle_port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                    redis_proc: RedisProcess) -> Iterator[int]:
+    """A gateway whose RLS connections may go IDLE seconds without a call, on either HTTP/2."""
     tmp = tmp_path_factory.mktemp("rls-idle")
     (tmp / "d.yaml").write_text(FILE)
     rls_port = free_port()
     gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
-                             args=("--rls-port", str(rls_port)), env={"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)})
+                             args=("--rls-port", str(rls_port)), env={"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)},
+                             rls_server=request.param)
     gateway.start()
     try:
         yield rls_port
@@ -364,3 +375,70 @@ def test_frames_without_a_call_do_not_keep_a_connection(short_idle_port: int) ->
     finally:
         for raw in (never_called, called_once, calling):
             raw.close()
+
+
+def test_a_call_on_its_way_when_an_idle_connection_closes_is_answered(short_idle_port: int) -> None:
+    """The idle close is graceful (RFC 9113 6.8): a first GOAWAY names the largest stream id, so a
+    call the client sent before reading it (Envoy's next request, crossing it on the wire) is still
+    answered; the final GOAWAY follows the client's PING ACK, and then the connection ends."""
+    raw = Raw(short_idle_port)
+    try:
+        stream = raw.call(message("crossing"), send=False)
+        call = raw.conn.data_to_send()  # made while the connection was open, sent once the GOAWAY is in
+        goaway_seen, held = False, b""
+        deadline = time.monotonic() + within(IDLE + 10)
+        while not goaway_seen and time.monotonic() < deadline:
+            raw.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            data = raw.sock.recv(65536)
+            assert data, "closed without a GOAWAY"
+            offset = 0
+            while offset + 9 <= len(data):  # held: the frames after the GOAWAY (its PING) wait for the call
+                frame, length = Frame.parse_frame_header(memoryview(data[offset:offset + 9]))
+                if isinstance(frame, GoAwayFrame):
+                    goaway_seen = True
+                    held = data[offset:]
+                    data = data[:offset]
+                    break
+                offset += 9 + length
+            for _ in raw.conn.receive_data(data):
+                pass
+            raw.flush()
+        assert goaway_seen
+        raw.sock.sendall(call)
+        frames = _frames_until_closed(raw, held, within(10))
+        for frame in frames:
+            if isinstance(frame, PingFrame) and "ACK" not in frame.flags:
+                raw.sock.sendall(PingFrame(0, frame.opaque_data, flags=["ACK"]).serialize())
+        frames += _frames_until_closed(raw, b"", within(10))
+        assert any(isinstance(f, DataFrame) and f.stream_id == stream and f.data for f in frames), [str(f) for f in frames]
+        assert any(isinstance(f, HeadersFrame) and f.stream_id == stream and "END_STREAM" in f.flags for f in frames)
+        final = [f for f in frames if isinstance(f, GoAwayFrame)]
+        assert final and final[-1].last_stream_id == stream
+    finally:
+        raw.close()
+
+
+def _frames_until_closed(raw: Raw, held: bytes, seconds: float) -> list[Any]:
+    """The frames in `held` and those that come until the server closes (or `seconds` pass)."""
+    data = bytearray(held)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        raw.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = raw.sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            break
+        data += chunk
+        if held:  # the first call: what was held and what followed, before the PING's ACK goes out
+            break
+    frames, offset = [], 0
+    while offset + 9 <= len(data):
+        frame, length = Frame.parse_frame_header(memoryview(data[offset:offset + 9]))
+        frame.parse_body(memoryview(data[offset + 9:offset + 9 + length]))
+        frames.append(frame)
+        offset += 9 + length
+    return frames

@@ -53,6 +53,7 @@ class Counted(NamedTuple):
     spec: RuleSpec
     key: str
     limit: Any  # RateLimitResponse.RateLimit
+    configured: bool = False  # the file's rule as it is (not an override's, not a descriptor's own limit)
 
 
 class Domain:
@@ -62,12 +63,13 @@ class Domain:
         self.domain = domain
         self.plan = plan
         self.root = _compile(domain.descriptors)
-        self.shapes: set[tuple[tuple[str, bool, bool], ...]] = set()  # the script shapes its calls used
         self.limits = [_rate_limit(rule, name) for rule, name in zip(domain.route.limits, domain.names, strict=True)]
         shards = plan.shards
         self.whole = [rule_spec(rule) for rule in plan.rules]  # a rule's spec where it holds its whole limit
         self.shares = [[rule_spec(rule, shards, s) for rule in plan.rules] for s in range(shards)] if shards > 1 \
             else [self.whole]
+        # the calendar periods of its rules: the script its calls run knows each (Limiter.decide)
+        self.calendars = tuple(sorted({spec.calendar for spec in self.whole if spec.calendar}))
 
     def counted(self, index: int, parts: list[bytes], shard: int, whole: bool,
                 overrides: RouteTable | None) -> Counted | None:
@@ -82,7 +84,8 @@ class Domain:
                 return None
             rule = found.rule
             spec = rule_spec(rule) if whole else rule_spec(rule, self.plan.shards, shard)
-        return Counted(rule, spec, key, self.limits[index])
+            return Counted(rule, spec, key, self.limits[index])
+        return Counted(rule, spec, key, self.limits[index], configured=True)
 
     def dynamic(self, found: tuple[Rule, Any], entries: list[tuple[str, str]], shard: int,
                 key_prefix: str) -> Counted:

@@ -5,13 +5,15 @@ h2 library, in pure Python) is the comparison the RLS suites and bench/rls.py al
 them, never by a product setting. Both do the framing, HPACK, flow control, SETTINGS, PING and
 GOAWAY; gateway/rls/server.py sees the same few events from either and asks the same few things.
 
-    receive(data) -> events     REQUEST (headers, ended), DATA (bytes), END, RESET, WINDOW, GOAWAY;
+    receive(data) -> events     REQUEST (headers, ended), DATA (bytes), END, RESET, WINDOW, GOAWAY,
+                                PONG (a PING's ACK: its data);
                                 Http2Failure when the client broke the protocol (the engine has
                                 queued its GOAWAY: send what `outbound` gives, then close)
     headers / data / trailers   one stream's answer; a stream the client reset meanwhile takes nothing
     window(stream)              bytes the client's flow control lets the answer send now
     reset, close, drain         RST_STREAM; GOAWAY closing; GOAWAY naming the last stream taken,
                                 the connection still answering the calls in flight
+    notice(ping)                RFC 9113 6.8's first GOAWAY (the largest stream id) and a PING
     outbound()                  the bytes to write
 """
 
@@ -30,7 +32,7 @@ import h2.settings
 import ngh2
 from hyperframe.frame import GoAwayFrame
 
-REQUEST, DATA, END, RESET, WINDOW, GOAWAY = range(6)
+REQUEST, DATA, END, RESET, WINDOW, GOAWAY, PONG = range(7)
 Event = tuple[int, int, Any]  # kind, stream id, payload (headers and whether they end the stream; data)
 Headers = list[tuple[bytes, bytes]]
 
@@ -50,6 +52,7 @@ class Engine(Protocol):
     def reset(self, stream_id: int, code: int) -> None: ...
     def close(self, code: int = 0) -> None: ...
     def drain(self, last_stream_id: int) -> None: ...
+    def notice(self, ping: bytes) -> None: ...
     def outbound(self) -> bytes: ...
 
 
@@ -59,11 +62,11 @@ EngineFactory = Callable[[int, int], Engine]  # (max concurrent streams, max hea
 class Ngh2Engine:
     """libnghttp2: it also bounds what it is sent (resets, glitches, CONTINUATION floods)."""
 
-    __slots__ = ("conn", "failed", "last")
+    __slots__ = ("conn", "early", "last")
 
     def __init__(self, max_streams: int, max_header_list: int) -> None:
         self.last = 0  # the highest stream the client opened
-        self.failed = b""  # the GOAWAY to send for a client that broke the protocol
+        self.early = b""  # frames to send first: the GOAWAY for a client that broke the protocol, or a notice
         config = ngh2.Configuration(max_inbound_header_list_size=max_header_list)
         self.conn = ngh2.Connection(ngh2.Role.SERVER, config)
         self.conn.initiate_connection({ngh2.Setting.MAX_CONCURRENT_STREAMS: max_streams,
@@ -76,7 +79,7 @@ class Ngh2Engine:
         except ngh2.ProtocolError as exc:
             # libnghttp2 leaves such a connection unusable, its GOAWAY unsent: written here instead
             code = ENHANCE_YOUR_CALM if isinstance(exc, ngh2.DenialOfServiceError) else PROTOCOL_ERROR
-            self.failed = _goaway(self.last, code)
+            self.early = _goaway(self.last, code)
             raise Http2Failure(str(exc)) from None
         out: list[Event] = []
         for event in conn.events():
@@ -95,6 +98,8 @@ class Ngh2Engine:
                 out.append((WINDOW, 0, None))
             elif isinstance(event, ngh2.GoAwayReceived):
                 out.append((GOAWAY, 0, None))
+            elif isinstance(event, ngh2.PingAcknowledged):
+                out.append((PONG, 0, event.opaque_data))
         return out
 
     def headers(self, stream_id: int, headers: Headers, end_stream: bool = False) -> None:
@@ -127,14 +132,18 @@ class Ngh2Engine:
         with contextlib.suppress(ngh2.NGH2Error):
             self.conn.send_goaway(0, last_stream_id=last_stream_id)
 
+    def notice(self, ping: bytes) -> None:
+        with contextlib.suppress(ngh2.NGH2Error):
+            self.conn.send_shutdown_notice()
+            self.early = self.conn.data_to_send()  # libnghttp2 would send the PING ahead of the GOAWAY
+            self.conn.ping(ping)
+
     def outbound(self) -> bytes:
-        if self.failed:
-            data, self.failed = self.failed, b""
-            return data
+        early, self.early = self.early, b""
         try:
-            return self.conn.data_to_send()
+            return early + self.conn.data_to_send()
         except ngh2.NGH2Error:  # a connection libnghttp2 has ended: its GOAWAY went with the last bytes
-            return b""
+            return early
 
 
 _H2_CONFIG = h2.config.H2Configuration(
@@ -153,7 +162,7 @@ class H2Engine:
 
     def __init__(self, max_streams: int, max_header_list: int) -> None:
         self.conn = h2.connection.H2Connection(config=_H2_CONFIG)
-        self.extra = b""  # a GOAWAY h2 would not send without closing the connection
+        self.extra = b""  # h2's bytes, then a GOAWAY h2 would not send without closing the connection
         self.conn.local_settings = h2.settings.Settings(client=False, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams,
             h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: max_header_list,
@@ -183,6 +192,8 @@ class H2Engine:
                 out.append((WINDOW, 0, None))
             elif isinstance(event, h2.events.ConnectionTerminated):
                 out.append((GOAWAY, 0, None))
+            elif isinstance(event, h2.events.PingAckReceived):
+                out.append((PONG, 0, event.ping_data))
         return out
 
     def headers(self, stream_id: int, headers: Headers, end_stream: bool = False) -> None:
@@ -212,12 +223,17 @@ class H2Engine:
             self.conn.close_connection(h2.errors.ErrorCodes(code))
 
     def drain(self, last_stream_id: int) -> None:
-        self.extra += _goaway(last_stream_id, 0)
+        self.extra += self.conn.data_to_send() + _goaway(last_stream_id, 0)
+
+    def notice(self, ping: bytes) -> None:
+        self.extra += self.conn.data_to_send() + _goaway(2**31 - 1, 0)  # the GOAWAY before the PING
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.conn.ping(ping)
 
     def outbound(self) -> bytes:
         data = self.conn.data_to_send()
         if self.extra:
-            data, self.extra = data + self.extra, b""
+            data, self.extra = self.extra + data, b""
         return data
 
 

@@ -14,8 +14,9 @@ Bounds, each with a test (tests/test_rls_server.py):
 - per call one message of at most MAX_MESSAGE bytes (more: RESOURCE_EXHAUSTED, nothing counted),
   no compression (UNIMPLEMENTED), and BODY_TIMEOUT for its body to end (else the stream is reset);
 - a connection that opens no call for `idle_timeout` seconds (GATEWAY_RLS_IDLE_TIMEOUT) while
-  none is in flight is closed: PING, SETTINGS, WINDOW_UPDATE and the like open no call, so they
-  never keep a connection (nor its slot) on their own.
+  none is in flight is closed (`_leave`, graceful: a call already on its way is answered): PING,
+  SETTINGS, WINDOW_UPDATE and the like open no call, so they never keep a connection (nor its
+  slot) on their own.
 A stream the client resets is cancelled, its call with it. Shutdown (`drain`): GOAWAY naming the
 last stream taken, later streams refused, the calls in flight answered, then the connection closes.
 """
@@ -37,6 +38,7 @@ from gateway.rls.http2 import (
     END,
     ENHANCE_YOUR_CALM,
     GOAWAY,
+    PONG,
     REFUSED_STREAM,
     REQUEST,
     RESET,
@@ -63,6 +65,8 @@ MAX_CONNECTIONS = 4096
 MAX_RESETS = 100          # client resets beyond twice the calls answered, and this many more
 BODY_TIMEOUT = 10.0       # seconds for a call's body to end
 IDLE_TIMEOUT = 10.0       # seconds a connection may go without a call (the server's default)
+LEAVING_WAIT = 1.0        # an idle close: seconds the final GOAWAY waits for the client's PING ACK
+_LEAVING_PING = b"rls-idle"
 INTERNAL = 13
 _RESPONSE_HEAD = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 _OK_TRAILERS = [(b"grpc-status", b"0")]
@@ -102,6 +106,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.resets = 0
         self.answered = 0
         self.active = time.monotonic()  # when the last call was opened or answered: frames alone never move it
+        self.leaving: float | None = None  # when an idle close sent its first GOAWAY (`_leave`)
         self.closed = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,6 +164,8 @@ class GrpcProtocol(asyncio.Protocol):
                 self._send_pending()
             elif kind == GOAWAY:  # the client's GOAWAY: answer, then close
                 self.closing = True
+            elif kind == PONG and payload == _LEAVING_PING:
+                self.drain()  # the client has read the first GOAWAY: what it sends now is refused
         self._flush()
         self._finish_if_drained()
 
@@ -325,13 +332,24 @@ class GrpcProtocol(asyncio.Protocol):
                 self._forget(stream_id)
                 self.conn.reset(stream_id, CANCEL)
                 self._flush()  # before a GOAWAY below: libnghttp2 sends nothing after one that closes
-        if not self.tasks and not self.streams and now - self.active > self.idle_timeout:
-            self.conn.close()
-            self._flush()
-            self._close()
+        if self.leaving is not None and now - self.leaving >= LEAVING_WAIT:
+            self.drain()
+        elif self.leaving is None and not self.tasks and not self.streams and now - self.active > self.idle_timeout:
+            self._leave(now)
             return
         self._flush()
         self._finish_if_drained()
+
+    def _leave(self, now: float) -> None:
+        """An idle connection's close, graceful as RFC 9113 6.8 has it: a GOAWAY naming the largest
+        stream id, so that a call the client sent before reading it is still taken, and a PING; at
+        its ACK (or after LEAVING_WAIT) `drain`: the final GOAWAY, naming the last call taken, and
+        the end once the calls are answered."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.leaving = now
+        self.conn.notice(_LEAVING_PING)
+        self._flush()
 
 
 class GrpcServer:

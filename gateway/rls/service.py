@@ -44,7 +44,6 @@ INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, UNAVAILABLE = 3, 8, 12, 14
 MAX_DESCRIPTORS = 64        # per request; of their limits, at most MAX_RULES distinct ones (one script call)
 MAX_ENTRIES = 16            # per descriptor: the depth a tree may have
 MAX_HITS = 1_000_000_000    # a request's or descriptor's hits_addend, as a rule's cost
-MAX_SHAPES = 256            # per domain and worker: the combinations of limit kinds (scripts) its calls may need
 UNLIMITED_REMAINING = 2**32 - 1  # what envoyproxy/ratelimit reports for an unlimited descriptor
 _UNIT_WORDS = {code: word for word, code in pb.UNIT_NAMES.items()} | {5: "month", 6: "year"}
 
@@ -65,10 +64,11 @@ class Call:
     descriptor's values choose: that descriptor's rule holds its whole limit there, every other
     rule of the call its share (keys.shard_of, shard_share), as a route's rules do.
 
-    The rules go to the limiter in a canonical order, each as an override of its algorithm's
-    canonical spec (its numbers in ARGV): the script depends on the call's algorithms alone, never
-    on a client's numbers or order (a descriptor's own `limit` would otherwise load a script per
-    value into Redis, which keeps them)."""
+    Redis keeps every script it loads, and a client chooses the numbers (a descriptor's own
+    `limit`), the order and the combination of kinds of its calls: none of them may choose a
+    script. A call counting one rule of the file, as the file has it, runs that rule's own script
+    (one per rule, the fastest); any other goes to the one script for rules of any
+    kinds, their kinds and numbers in ARGV (`any_kinds`)."""
 
     def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None,
                  key_prefix: str) -> None:
@@ -128,28 +128,14 @@ class Call:
         if len(self.counted) > MAX_RULES:
             raise GrpcError(INVALID_ARGUMENT, f"the descriptors count {len(self.counted)} different limits; one call "
                                               f"decides at most {MAX_RULES}")
-        order = sorted(range(len(self.counted)), key=lambda k: _canonical_key(self.counted[k].spec))
-        if order != list(range(len(order))):
-            place = {old: new for new, old in enumerate(order)}
-            self.counted = [self.counted[k] for k in order]
-            self.costs = [self.costs[k] for k in order]
-            self.where = [None if at is None else place[at] for at in self.where]
-        self.shape = tuple(_canonical_key(c.spec) for c in self.counted)
 
     @property
     def specs(self) -> list[RuleSpec]:
-        return [c.spec._replace(base=_canonical_base(c.spec)) for c in self.counted]
+        return [c.spec for c in self.counted]
 
-
-def _canonical_key(spec: RuleSpec) -> tuple[str, bool, bool]:
-    return spec.algorithm, spec.shadow, spec.algorithm == "quota" and spec.p2 == 0
-
-
-def _canonical_base(spec: RuleSpec) -> RuleSpec:
-    """The spec that shapes the script for `spec`: its algorithm's, with canonical numbers (a
-    quota keeps having a period or not: the fragments differ)."""
-    period = 0 if spec.algorithm == "quota" and spec.p2 == 0 else 1_000_000
-    return RuleSpec(spec.algorithm, 1, period, spec.shadow, spec.charge, spec.force)
+    def any_kinds(self, domain: Domain) -> tuple[str, ...] | None:
+        """The calendars for the script of any kinds, or None: the one rule's own script."""
+        return None if len(self.counted) == 1 and self.counted[0].configured else domain.calendars
 
 
 def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]]:
@@ -233,16 +219,10 @@ class RateLimitService:
         if call.counted:
             rules = [c.rule for c in call.counted]
             keys = [c.key for c in call.counted]
-            specs = call.specs
-            if call.shape not in domain.shapes:
-                if len(domain.shapes) >= MAX_SHAPES:
-                    raise GrpcError(RESOURCE_EXHAUSTED, f"domain {domain.domain.name!r} has met {MAX_SHAPES} "
-                                                        "different combinations of limit kinds in its calls; this "
-                                                        "one is refused (a reload resets the count)")
-                domain.shapes.add(call.shape)
             costs: list[int | None] = list(call.costs)
             try:
-                decision, from_memory = await decide(runtime, route.name, rules, keys, costs, specs)
+                decision, from_memory = await decide(runtime, route.name, rules, keys, costs, call.specs,
+                                                     any_kinds=call.any_kinds(domain))
             except RedisUnavailable:
                 _count("unavailable")
                 raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "

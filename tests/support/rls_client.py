@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from gateway.rls import messages as pb
+from gateway.scripts import Script
 
 SHOULD_RATE_LIMIT = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 HEALTH = "/grpc.health.v1.Health/Check"
@@ -76,3 +78,11 @@ def error_of(call: Any) -> tuple[grpc.StatusCode, str]:
     except grpc.RpcError as exc:
         return exc.code(), exc.details()
     raise AssertionError("the call succeeded")
+
+
+def decision_scripts(client: Any) -> int:
+    """The scripts a Redis holds, less the gateway's own for anything but a decision (the overrides'
+    sync loads its script when it first runs, at a time of its own)."""
+    others = [Script(path.stem).sha for path in (Path(__file__).parents[2] / "lua").glob("*.lua")
+              if path.stem != "decide"]
+    return int(client.info("memory")["number_of_cached_scripts"]) - int(sum(client.script_exists(*others)))
