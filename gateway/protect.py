@@ -6,15 +6,17 @@ gives it back when its exchange with the upstream has ended (gateway/endpoint.py
 upstream took. At the limit the request is refused (503, Retry-After) unless its priority may still
 fill more of the limit: the last priority may fill its share (50% by default), the first all of it.
 
-The limit follows a gradient (docs/algorithms.md says why this one and not Vegas or AIMD):
-answer times are gathered in windows of a few unloaded answer times, and at the end of each the
-window's percentile is compared with the reference, the target or twice the unloaded answer time,
-whichever is lower, but never below 1.25 times the unloaded time. Slower: the limit is multiplied by
-reference/percentile (at most halved). Not slower, and the limit was in use (half of it in flight,
-or a request refused): it grows by its square root. The unloaded answer time is the lowest window
-low (10th percentile) seen; every PROBE_EVERY seconds one window is run at half the limit, so the
-upstream's queue drains, and its low replaces the old one (an upstream that became slower for good
-is measured anew, not compared with what it once was).
+The limit follows AIMD with a gradient's increase (docs/algorithms.md: measured against a gradient,
+Vegas and plain AIMD): answer times are gathered in windows of a few unloaded answer times, and at
+the end of each the window's percentile is compared with the reference, the target or twice the
+unloaded answer time, whichever is lower, but never below 1.25 times the unloaded time. Slower, or
+an answer that timed out or was the upstream's 503 or 504: a tenth off the limit. Not slower, and
+the limit in use (half of it in flight, or a request refused): it grows by its square root.
+
+The unloaded answer time is the lowest window low (10th percentile) seen. Every PROBE_EVERY seconds
+one window runs at half the limit, the upstream's queue drains, and its low replaces the old one;
+so too as soon as SHRINKING_WINDOWS windows in a row were too slow while the limit fell: no queue
+explains that, the upstream is slower for good, and it is measured anew.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway import metrics
 from gateway.config import Priority, Protect, Route
@@ -31,7 +33,7 @@ from gateway.identity import RequestView
 
 log = logging.getLogger("gateway.protect")
 
-INITIAL_LIMIT = 20
+INITIAL_LIMIT = 10
 WINDOW_MIN = 0.1          # seconds a window lasts at least ...
 WINDOW_ANSWER_TIMES = 4   # ... and at least this many unloaded answer times
 WINDOW_SAMPLES = 10       # answers a window needs before it is read (a timeout closes one alone)
@@ -39,38 +41,38 @@ TOLERANCE = 2.0           # without a target: answers may take up to twice the u
 BUFFER = 1.25             # ... and the reference is never below 1.25 times it (the noise of any upstream)
 LOW_PERCENTILE = 10       # a window's low: its unloaded answer time, robust to one odd fast answer
 PROBE_EVERY = 30.0        # seconds between windows run at half the limit, jittered by a fifth
+SHRINKING_WINDOWS = 4    # ... and one as soon as this many windows in a row were too slow, the limit falling
 RETRY_AFTER = 1           # seconds a refused request is told to wait
 
-Rule = Callable[[float, float, float, bool, bool], float]  # (limit, percentile, reference, dropped, in use)
+# (limit, the window's percentile, the unloaded answer time, the reference, a timeout seen, the limit in use)
+Rule = Callable[[float, float, float, float, bool, bool], float]
 
 
-def gradient(limit: float, seen: float, reference: float, dropped: bool, in_use: bool) -> float:
-    """The next limit: shrink in proportion to how much slower than the reference the answers are
-    (at most by half), grow by the square root of the limit while they are not and it is in use."""
-    if dropped:
-        return limit / 2
-    ratio = reference / seen
-    if ratio < 1:
-        return limit * max(0.5, ratio)
+def aimd_sqrt(limit: float, seen: float, unloaded: float, reference: float, dropped: bool, in_use: bool) -> float:
+    """The next limit: a tenth off while the answers are slower than the reference or one timed out,
+    plus its square root while they are not and it is in use."""
+    if dropped or seen > reference:
+        return limit * 0.9
     return limit + math.sqrt(limit) if in_use else limit
 
 
 class Controller:
     """The limit and what it is computed from; every method takes the time, so it runs on any clock."""
 
-    def __init__(self, protect: Protect, now: float, rule: Rule = gradient) -> None:
+    def __init__(self, protect: Protect, now: float, rule: Rule = aimd_sqrt) -> None:
         self.protect = protect
         self.rule = rule
         self.limit = float(min(protect.max_limit, max(protect.min_limit, INITIAL_LIMIT)))
         self.unloaded: float | None = None  # seconds: the upstream's answer time with no queue
         self.seen: float | None = None      # the last window's percentile
         self.samples: list[float] = []
-        self.dropped = False
+        self.drops = 0                      # answers in the window that said overload (a timeout, a 503, a 504)
         self.busiest = 0                    # the most in flight during the window
         self.refused = 0                    # requests refused during the window
         self.started = now
         self.probing = False
         self.next_probe = now + _jittered(PROBE_EVERY)
+        self.shrinking = 0                  # windows in a row that were too slow though the limit fell
 
     @property
     def in_force(self) -> float:
@@ -83,22 +85,22 @@ class Controller:
         return self._maybe_update(now)
 
     def drop(self, now: float) -> bool:
-        """An exchange the upstream did not answer in time."""
-        self.dropped = True
+        """An exchange the upstream did not answer in time, or answered 503 or 504."""
+        self.drops += 1
         return self._maybe_update(now)
 
     def _window(self) -> float:
         return max(WINDOW_MIN, WINDOW_ANSWER_TIMES * (self.unloaded or 0.0))
 
     def _maybe_update(self, now: float) -> bool:
-        if now - self.started < self._window() or (len(self.samples) < WINDOW_SAMPLES and not self.dropped):
+        if now - self.started < self._window() or len(self.samples) + self.drops < WINDOW_SAMPLES:
             return False
         if self.samples:
             self._update(now)
-        elif self.dropped:
-            self.limit = max(float(self.protect.min_limit), self.limit / 2)
+        else:  # nothing but overload answers
+            self.limit = max(float(self.protect.min_limit), self.limit * 0.9)
         self.samples.clear()
-        self.dropped = False
+        self.drops = 0
         self.busiest = self.refused = 0
         self.started = now
         return True
@@ -111,13 +113,14 @@ class Controller:
             self.unloaded, self.probing = low, False
             self.next_probe = now + _jittered(PROBE_EVERY)
             return
-        if self.unloaded is None or low < self.unloaded:
-            self.unloaded = low
-        if now >= self.next_probe:
-            self.probing = True
+        unloaded = self.unloaded = low if self.unloaded is None else min(low, self.unloaded)
         in_use = self.refused > 0 or 2 * self.busiest >= self.limit
-        new = self.rule(self.limit, self.seen, self.reference(), self.dropped, in_use)
-        self.limit = min(float(self.protect.max_limit), max(float(self.protect.min_limit), new))
+        new = self.rule(self.limit, self.seen, unloaded, self.reference(), self.drops > 0, in_use)
+        new = min(float(self.protect.max_limit), max(float(self.protect.min_limit), new))
+        self.shrinking = self.shrinking + 1 if self.seen > self.reference() and new <= self.limit else 0
+        self.limit = new
+        if now >= self.next_probe or self.shrinking >= SHRINKING_WINDOWS:
+            self.probing, self.shrinking = True, 0
 
     def reference(self) -> float:
         unloaded = self.unloaded or 0.0
@@ -128,11 +131,11 @@ class Controller:
 class Guard:
     """One protected upstream (or route) in this worker: its controller, and the requests in flight."""
 
-    def __init__(self, protect: Protect, upstream: str, route: str = "",
+    def __init__(self, protect: Protect, upstream: str, route: str = "*",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.protect = protect
         self.upstream = upstream
-        self.route = route or "*"  # "*": every route to the upstream without a protect: of its own
+        self.route = route  # "*": every route to the upstream without a protect: of its own
         self.clock = clock
         self.controller = Controller(protect, clock())
         self.in_flight = 0
@@ -228,21 +231,23 @@ def shed_answer_fields(guard: Guard, priority: Priority, route: str) -> tuple[st
     return detail, {"route": route, "priority": priority.name, "retry_after_ms": RETRY_AFTER * 1000}
 
 
-def guards_for(routes: Iterable[Route]) -> dict[str, Guard]:
-    """Per route name, the guard its requests take a slot from: its own, or its upstream's (shared)."""
+def guards_for(routes: Iterable[Route], before: Mapping[str, Guard]) -> dict[str, Guard]:
+    """Per route name, the guard its requests take a slot from: its own, or its upstream's (shared).
+    A guard of `before` (the configuration replaced) for the same upstream, route and `protect:` is
+    kept: its limit, what it has measured, and the requests still in flight through it."""
+    kept = {(g.upstream, g.route, g.protect): g for g in before.values()}
     out: dict[str, Guard] = {}
-    by_upstream: dict[str, Guard] = {}
     for route in routes:
         upstream = route.upstream
-        if upstream is None:
+        if upstream is None or (route.protect or upstream.protect) is None:
             continue
-        if route.protect is not None:
-            out[route.name] = Guard(route.protect, upstream.name, route.name)
-        elif upstream.protect is not None:
-            guard = by_upstream.get(upstream.name)
-            if guard is None:
-                guard = by_upstream[upstream.name] = Guard(upstream.protect, upstream.name)
-            out[route.name] = guard
+        protect, name = (route.protect, route.name) if route.protect is not None else (upstream.protect, "*")
+        assert protect is not None
+        key = (upstream.name, name, protect)
+        guard = kept.get(key)
+        if guard is None:
+            guard = kept[key] = Guard(protect, upstream.name, name)
+        out[route.name] = guard
     return out
 
 

@@ -90,6 +90,7 @@ def build_runtime(
     limiter: Limiter,
     reuse: dict[str, UpstreamClient] | None = None,
     transport: str = "lean",
+    guards: dict[str, Guard] | None = None,
 ) -> Runtime:
     reuse = reuse or {}
     clients: dict[str, UpstreamClient] = {}
@@ -107,7 +108,7 @@ def build_runtime(
         plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
     for domain in config.rls:  # routes of their own, which no HTTP request matches
         plans[domain.route.name] = route_plan(domain.route, redis.key_prefix, None)
-    guards = guards_for(config.routes)
+    guards = guards_for(config.routes, guards or {})  # a reload keeps a limit whose protect: is unchanged
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
         r.when.jwt for r in config.routes) or any(p.when.jwt for g in guards.values() for p in g.protect.priorities)
     refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)

@@ -103,3 +103,9 @@ def goodput(run: Run, start: float, end: float) -> float:
         return float("nan")
     (t0, s0), (t1, s1) = inside[0], inside[-1]
     return (s1 - s0) / (t1 - t0)
+
+
+def answered(run: Run, start: float, end: float) -> float:
+    """200 answers clients received a second between `start` and `end`: the useful work (an answer
+    the upstream gave after the gateway or the client had given up on it is not in it)."""
+    return sum(s.status == 200 and start <= s.at + s.seconds < end for s in run.sent) / (end - start)
