@@ -104,7 +104,7 @@ def test_overload_sheds_sheddable_first_keeps_critical_fast_and_the_upstream_bus
         # when the overload ends, sheddable requests are admitted again within 5 s
         assert any(s.status == 200 for s in run.of("sheddable", overload, overload + after))
         log = proc.log()
-        assert "shedding starts with priority 'sheddable'" in log
+        assert "shedding starts with priority 'sheddable'" in log and "shedding stops after" in log
         metrics = httpx.get(proc.admin_url + "/metrics").text
         assert re.search(r'gateway_protect_shed_total\{priority="sheddable",route="\*",upstream="backend"\} '
                          r'[1-9]', metrics), metrics
@@ -173,6 +173,57 @@ def test_a_shed_request_costs_its_rules_nothing_and_a_refused_one_takes_no_place
         # the client left: its place is given back, and a sheddable request is admitted again
         wait_until(lambda: httpx.get(url, params={"delay": 0}, headers={"x-user": "dan"}).status_code == 200)
     finally:
+        proc.stop()
+
+
+LADDER = """
+version: 1
+redis: {{timeout: 500ms, key_prefix: {prefix}}}
+upstreams:
+  up:
+    url: "{upstream}"
+    timeout: 90s
+    protect:
+      min_limit: 4
+      max_limit: 4
+      priorities:
+        - {{name: critical, match: {{headers: {{x-priority: critical}}}}}}
+        - {{name: normal, match: {{headers: {{x-priority: normal}}}}}}
+        - {{name: sheddable}}
+routes:
+  - {{name: held, match: {{path: /inflight}}, upstream: up}}
+"""
+
+
+def test_at_the_limit_the_lowest_priority_is_refused_first_and_critical_last(
+        tmp_path: Path, redis_proc: RedisProcess, upstream_own: Upstream) -> None:
+    proc = gateway(tmp_path, redis_proc, LADDER, upstream=upstream_own.url)
+    url = proc.url + "/inflight"
+    held: list[socket.socket] = []
+
+    def hold(priority: str) -> None:
+        sock = socket.create_connection(("127.0.0.1", proc.port))
+        sock.sendall(b"GET /inflight?delay=60 HTTP/1.1\r\nHost: a\r\nX-Priority: %s\r\n\r\n" % priority.encode())
+        held.append(sock)
+        wait_until(lambda: httpx.get(upstream_own.url + "/inflight-max").json()["now"] == len(held))
+
+    def status(priority: str) -> int:
+        return httpx.get(url, params={"delay": 0}, headers={"x-priority": priority}).status_code
+
+    try:  # a limit of 4: sheddable may fill 2 places (50%), normal 3 (75%), critical all 4
+        hold("sheddable")
+        hold("sheddable")
+        assert [status("sheddable"), status("normal"), status("critical")] == [503, 200, 200]
+        hold("normal")
+        assert [status("sheddable"), status("normal"), status("critical")] == [503, 503, 200]
+        hold("critical")
+        assert [status("sheddable"), status("normal"), status("critical")] == [503, 503, 503]
+        held.pop().close()  # the critical request's client leaves: its place is free again
+        wait_until(lambda: status("critical") == 200)
+        assert status("normal") == 503
+    finally:
+        for sock in held:
+            sock.close()
         proc.stop()
 
 
