@@ -236,6 +236,7 @@ def test_at_the_limit_the_lowest_priority_is_refused_first_and_critical_last(
     ("{latency: {target: soon}}", "target"),
     ("{min_limit: 10, max_limit: 5}", "must not exceed max_limit"),
     ("{priorities: []}", "at least one priority"),
+    ("{priorities: [{name: a, match: {plan: pro}}, {name: b}]}", "matching on a plan needs a top-level keys:"),
 ])
 def test_protect_settings_that_cannot_work_are_refused_with_their_line(protect: str, message: str) -> None:
     text = f"""
@@ -248,3 +249,26 @@ routes:
     with pytest.raises(ConfigError) as caught:
         parse_config(text, "routes.yaml", {})
     assert message in str(caught.value) and "routes.yaml:4" in str(caught.value), str(caught.value)
+
+
+def test_a_priority_names_plans_of_keys() -> None:
+    text = """
+version: 1
+keys: {source: "header:X-Api-Key", plans: [free, pro]}
+upstreams:
+  up:
+    url: "http://127.0.0.1:9"
+    protect:
+      priorities:
+        - {name: paying, match: {plan: [pro, prp]}}
+        - {name: rest}
+routes:
+  - {name: r, match: {path: /}, upstream: up}
+"""
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "routes.yaml", {})
+    assert "routes.yaml:9: upstreams.up.protect.priorities[0].match.plan: no plan named 'prp' in keys.plans " \
+           "(did you mean pro?)" in str(caught.value), str(caught.value)
+    config = parse_config(text.replace("prp", "free"), "routes.yaml", {})
+    protect = config.upstreams["up"].protect
+    assert protect is not None and protect.priorities[0].when.plans == {"pro", "free"}

@@ -109,6 +109,7 @@ class _Reader:
         self.problems: list[ConfigProblem] = []
         self.warnings: list[ConfigProblem] = []  # what `gateway check` prints and still accepts
         self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
+        self.plans: frozenset[str] | None = None  # the plans a `match: {plan: }` may name (None: no keys:)
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -323,6 +324,8 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         settings["admin_token"] = settings["admin_token"] or None
     settings.pop("shared", None)
     keys_settings = _keys(top.nodes["keys"], r, jwt) if "keys" in top else None
+    if keys_settings is not None:
+        r.plans = frozenset(keys_settings.plans) | ({"none"} if keys_settings.unknown == "pass" else set())
     upstreams = _upstreams(top, r, jwt)
     if "shared" in top:
         r.shared = _shared(top.nodes["shared"], r, jwt)
@@ -829,6 +832,7 @@ def _priorities(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> tupl
                 conditions = r.read(match, f"{where}.match", Place.PRIORITY_MATCH)
                 methods = _methods(match, f"{where}.match", r, conditions)
                 when = _when(match, f"{where}.match", r, jwt, conditions)
+                _check_priority_plans(match, f"{where}.match.plan", r, when.plans)
         share = values["share"] / 100 if "share" in values else 1 - 0.5 * i / max(1, len(items) - 1)
         if out and share > out[-1].share:
             r.problem(found.nodes.get("share", item), f"{where}.share", f"a priority may fill no more of the "
@@ -836,6 +840,18 @@ def _priorities(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> tupl
                       "are listed from the most important to the least")
         out.append(Priority(name, share, when, methods))
     return tuple(out)
+
+
+def _check_priority_plans(found: Found, key: str, r: _Reader, plans: frozenset[str]) -> None:
+    if not plans:
+        return
+    if r.plans is None:
+        r.problem(found.nodes["plan"], key, "matching on a plan needs a top-level keys: section")
+        return
+    for plan in sorted(plans - r.plans):
+        near = difflib.get_close_matches(plan, sorted(r.plans), n=1)
+        r.problem(found.nodes["plan"], key, f"no plan named {plan!r} in keys.plans" +
+                  (f" (did you mean {near[0]}?)" if near else f" (plans: {', '.join(sorted(r.plans))})"))
 
 
 def _rules(
