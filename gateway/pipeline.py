@@ -33,7 +33,7 @@ from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
 from gateway.overrides import RouteTable, overridden
 from gateway.plan import RoutePlan
-from gateway.protect import RETRY_AFTER, shed_answer_fields
+from gateway.protect import RETRY_AFTER, Guard, shed_answer_fields
 from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
@@ -86,7 +86,19 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     guard = runtime.guards.get(route.name) if guarded and not request.upgrade else None
     if guard is None:
         return await _limited(runtime, plan, request, view, identified, more_body)
-    priority = guard.priority(view)
+    return await _in_a_place(guard, runtime, plan, request, view, identified, more_body)
+
+
+async def _in_a_place(guard: Guard, runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView,
+                      identified: Identified, more_body: bool) -> Admit | Answer:
+    """A place in the protected upstream's limit, taken before the rules' call and given back if they
+    refuse; none free for the request's priority: a 503, and the rules are never asked."""
+    route = plan.route
+    try:
+        priority = guard.priority(view)
+    except BadRequest as exc:  # a header a priority matches on came twice
+        return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
+                       route=route.name)
     slot = guard.take(priority)
     if slot is None:
         detail, extra = shed_answer_fields(guard, priority, route.name)
@@ -99,7 +111,7 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
         slot.release()
         raise
     if isinstance(result, Answer):
-        slot.release()  # refused by its rules: it takes no place in flight
+        slot.release()  # refused by its rules: it holds no place
     else:
         result.slot = slot
     return result

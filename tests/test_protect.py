@@ -221,6 +221,9 @@ def test_at_the_limit_the_lowest_priority_is_refused_first_and_critical_last(
         held.pop().close()  # the critical request's client leaves: its place is free again
         wait_until(lambda: status("critical") == 200)
         assert status("normal") == 503
+        # a field a priority matches on, sent twice: which priority is it? A 400, as for a route's match
+        twice = httpx.get(url, params={"delay": 0}, headers=[("x-priority", "critical"), ("x-priority", "normal")])
+        assert twice.status_code == 400 and "x-priority" in twice.json()["detail"], twice.text
     finally:
         for sock in held:
             sock.close()
