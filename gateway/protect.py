@@ -36,12 +36,12 @@ log = logging.getLogger("gateway.protect")
 INITIAL_LIMIT = 10
 WINDOW_MIN = 0.1          # seconds a window lasts at least ...
 WINDOW_ANSWER_TIMES = 4   # ... and at least this many unloaded answer times
-WINDOW_SAMPLES = 10       # answers a window needs before it is read (a timeout closes one alone)
+WINDOW_SAMPLES = 10       # answers a window needs before it is read (timeouts, 503s and 504s count)
 TOLERANCE = 2.0           # without a target: answers may take up to twice the unloaded time
 BUFFER = 1.25             # ... and the reference is never below 1.25 times it (the noise of any upstream)
 LOW_PERCENTILE = 10       # a window's low: its unloaded answer time, robust to one odd fast answer
 PROBE_EVERY = 30.0        # seconds between windows run at half the limit, jittered by a fifth
-SHRINKING_WINDOWS = 4    # ... and one as soon as this many windows in a row were too slow, the limit falling
+SHRINKING_WINDOWS = 4     # ... and one as soon as this many windows in a row were too slow, the limit falling
 RETRY_AFTER = 1           # seconds a refused request is told to wait
 
 # (limit, the window's percentile, the unloaded answer time, the reference, a timeout seen, the limit in use)
@@ -168,8 +168,8 @@ class Guard:
         metrics.protect_shed(self.upstream, self.route, priority.name).inc()
         if not self.shedding:
             self.shedding = True
-            log.warning("upstream '%s' (routes %s): shedding starts with priority '%s'; limit %d in flight, "
-                        "%d in flight, answer time p%d %s (unloaded %s)", self.upstream, self.route, priority.name,
+            log.warning("upstream '%s' (routes %s): shedding starts with priority '%s'; limit %d, %d in "
+                        "flight, answer time p%d %s (unloaded %s)", self.upstream, self.route, priority.name,
                         self.controller.in_force, self.in_flight, self.protect.percentile,
                         _ms(self.controller.seen), _ms(self.controller.unloaded))
 
@@ -190,7 +190,7 @@ class Guard:
             self._seen_gauge.set(self.controller.seen)
         if self.shedding and refused == 0:
             self.shedding = False
-            log.warning("upstream '%s' (routes %s): shedding stops after %d requests refused; limit %d in flight",
+            log.warning("upstream '%s' (routes %s): shedding stops after %d requests refused; limit %d",
                         self.upstream, self.route, self.shed_since_start, self.controller.limit)
             self.shed_since_start = 0
 
