@@ -230,6 +230,30 @@ def test_at_the_limit_the_lowest_priority_is_refused_first_and_critical_last(
         proc.stop()
 
 
+def test_a_reload_keeps_the_places_in_flight_of_an_unchanged_protect(
+        tmp_path: Path, redis_proc: RedisProcess, upstream_own: Upstream) -> None:
+    proc = gateway(tmp_path, redis_proc, LADDER, upstream=upstream_own.url)
+    url = proc.url + "/inflight"
+    held = []
+    try:  # two sheddable requests fill their share of the limit of 4
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", proc.port))
+            sock.sendall(b"GET /inflight?delay=60 HTTP/1.1\r\nHost: a\r\n\r\n")
+            held.append(sock)
+            wait_until(lambda: httpx.get(upstream_own.url + "/inflight-max").json()["now"] == len(held))
+        assert httpx.post(proc.admin_url + "/reload").status_code == 200
+        # the new configuration's limit still counts the two in flight: a third sheddable is refused
+        assert httpx.get(url, params={"delay": 0}).status_code == 503
+        for sock in held:
+            sock.close()
+        held.clear()
+        wait_until(lambda: httpx.get(url, params={"delay": 0}).status_code == 200)
+    finally:
+        for sock in held:
+            sock.close()
+        proc.stop()
+
+
 @pytest.mark.parametrize(("protect", "message"), [
     ("{priorities: [{name: a}, {name: b, match: {methods: [GET]}}]}", "the last priority takes every request"),
     ("{priorities: [{name: a, share: 50, match: {methods: [GET]}}, {name: b, share: 80}]}",
