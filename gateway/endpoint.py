@@ -50,7 +50,7 @@ class ProxyEndpoint:
         result: Admit | Answer = GONE  # until decided: a call cancelled before it was
         request_id = b""
         try:
-            result = await decide(runtime, scope, receive, self.limits)
+            result = await decide(runtime, scope, receive, self.limits, guarded=True)
             if isinstance(result, Answer):
                 request_id = result.request_id or new_request_id()
                 status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
@@ -72,6 +72,8 @@ class ProxyEndpoint:
             self.accounting.account(runtime.config, scope, request_id or new_request_id(), result, 499, started)
             raise
         finally:
+            if isinstance(result, Admit) and result.slot is not None:
+                result.slot.release()  # its place in a protected upstream's limit (gateway/protect.py)
             runtime.leave()
 
     def answer_early(self, scope: Scope) -> Reply | None:
@@ -131,6 +133,8 @@ async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id:
         forwarded = await client.forward(admit.request, body, send, response_headers, request_id, on_head, switched,
                                          usage)
     except UpstreamTimeout as exc:
+        if admit.slot is not None:
+            admit.slot.timed_out()
         metrics.upstream_errors(name, "timeout").inc()
         return await _reply(send, problem(504, str(exc)), request_id)
     except UpstreamUnavailable as exc:
@@ -142,7 +146,10 @@ async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id:
         return await _reply(send, (status, headers, data), request_id)
     except ClientDisconnected:
         return 499
-    metrics.upstream_latency(name).observe(time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    metrics.upstream_latency(name).observe(elapsed)
+    if admit.slot is not None:
+        admit.slot.answered(forwarded.status, elapsed)
     if forwarded.aborted:
         metrics.upstream_errors(name, "aborted").inc()
     return forwarded.status

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote_to_bytes
 
 import jwt as pyjwt
 
-from gateway.config import Config, JwtSettings, Route, Rule, Source
+from gateway.config import Conditions, Config, JwtSettings, Route, Rule, Source
 from gateway.errors import BadRequest, IdentityMissing
 from gateway.http.request import Request
 from gateway.typed_values import canonical_bytes
@@ -243,7 +243,10 @@ class RequestView:
     def meets(self, route: Route) -> bool:
         """Whether this request is one `route.when` asks for: every header, claim and address it names.
         A header it names that came twice is a 400, as for an identity."""
-        when = route.when
+        return self.meets_conditions(route.when)
+
+    def meets_conditions(self, when: Conditions) -> bool:
+        """Whether this request meets every header, claim, address and plan `when` names."""
         for name, values in when.headers:
             value = self.header(name)
             if value is None or (values is not None and value not in values):

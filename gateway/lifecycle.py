@@ -134,7 +134,7 @@ class Lifecycle:
         assert old is not None
         redis = redis_settings(self.settings, config)
         limiter = old.limiter if redis == old.redis else self._limiter(config)
-        new = build_runtime(config, redis, limiter, reuse=old.clients, transport=self.transport)
+        new = build_runtime(config, redis, limiter, reuse=old.clients, transport=self.transport, guards=old.guards)
         self.overrides.apply(new)  # the overrides read so far, on the new rules, from its first request
         self.runtime = new
         metrics.RELOADS.labels("ok").inc()

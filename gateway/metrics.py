@@ -112,6 +112,25 @@ UPSTREAM_ERRORS = Counter(
     "that can be read).",
     ["upstream", "kind"],
 )
+PROTECT_LIMIT = Gauge(
+    "gateway_protect_limit",
+    "protect: the adaptive limit on requests in flight to an upstream (route: the route with a protect: of its "
+    "own, * for the upstream's), summed over workers (each holds its own).",
+    ["upstream", "route"],
+    multiprocess_mode="livesum",
+)
+PROTECT_ANSWER_TIME = Gauge(
+    "gateway_protect_answer_time_seconds",
+    "protect: the upstream's answer time at the configured percentile, as the limit's last window saw it "
+    "(the slowest worker's).",
+    ["upstream", "route"],
+    multiprocess_mode="max",
+)
+PROTECT_SHED = Counter(
+    "gateway_protect_shed_total",
+    "protect: requests refused (503) because the upstream was at its limit, by priority.",
+    ["upstream", "route", "priority"],
+)
 RELOADS = Counter(
     "gateway_config_reloads_total", "Configuration reloads by result (ok, error).", ["result"]
 )
@@ -225,3 +244,4 @@ lease_failures = _local(LEASE_FAILURES, _LocalCounter, 4096)
 redis_latency = _local(REDIS_LATENCY, _LocalHistogram, 8)
 upstream_latency = _local(UPSTREAM_LATENCY, _LocalHistogram, 1024)
 upstream_errors = _local(UPSTREAM_ERRORS, _LocalCounter, 1024)
+protect_shed = _local(PROTECT_SHED, _LocalCounter, 1024)

@@ -10,6 +10,7 @@ from enum import StrEnum
 from gateway.http.request import Request
 from gateway.leases import Lease
 from gateway.plan import RoutePlan
+from gateway.protect import Slot
 from gateway.responses import Headers
 from gateway.settings import DEFAULTS
 from gateway.settlement import Settlement
@@ -27,6 +28,7 @@ class RequestOutcome(StrEnum):
     NO_ROUTE = "no_route"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNKNOWN_KEY = "unknown_key"          # keys: an API key not registered, or none (401), never forwarded
+    SHED = "shed"                        # protect: the upstream at its limit, its priority refused first (503)
 
 
 class DecidedBy(StrEnum):
@@ -75,6 +77,7 @@ class Admit:
     decided_by: DecidedBy = DecidedBy.NONE
     settlement: Settlement | None = None  # what the answer may still charge or give back
     lease: Lease | None = None            # concurrency slots held until the request ends
+    slot: Slot | None = None              # its place in a protected upstream's limit (gateway/protect.py)
 
     @property
     def route(self) -> str:

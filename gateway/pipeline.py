@@ -33,6 +33,7 @@ from gateway.limiter import Decision, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
 from gateway.overrides import RouteTable, overridden
 from gateway.plan import RoutePlan
+from gateway.protect import RETRY_AFTER, Guard, shed_answer_fields
 from gateway.repeats import Seen, request_key
 from gateway.request_id import usable_request_id
 from gateway.responses import Headers, problem, ratelimit_headers, refusal
@@ -50,8 +51,11 @@ class Matched(NamedTuple):
     view: RequestView
 
 
-async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limits) -> Admit | Answer:
-    """The whole way for one request: at most one limiter call (one Redis script call)."""
+async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limits,
+                 guarded: bool = False) -> Admit | Answer:
+    """The whole way for one request: at most one limiter call (one Redis script call). `guarded`
+    (the proxy port): a protected upstream's slot is taken before that call, and given back if the
+    rules refuse; a request refused for want of one (503) is never counted by its rules."""
     step = _match(runtime, scope, limits)
     if isinstance(step, Answer):
         return step
@@ -79,6 +83,44 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
+    guard = runtime.guards.get(route.name) if guarded and not request.upgrade else None
+    if guard is None:
+        return await _limited(runtime, plan, request, view, identified, more_body)
+    return await _in_a_place(guard, runtime, plan, request, view, identified, more_body)
+
+
+async def _in_a_place(guard: Guard, runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView,
+                      identified: Identified, more_body: bool) -> Admit | Answer:
+    """A place in the protected upstream's limit, taken before the rules' call and given back if they
+    refuse; none free for the request's priority: a 503, and the rules are never asked."""
+    route = plan.route
+    try:
+        priority = guard.priority(view)
+    except BadRequest as exc:  # a header a priority matches on came twice
+        return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
+                       route=route.name)
+    slot = guard.take(priority)
+    if slot is None:
+        detail, extra = shed_answer_fields(guard, priority, route.name)
+        status, headers, body = problem(503, detail, **extra)
+        headers.append((b"retry-after", b"%d" % RETRY_AFTER))
+        return _answer((status, headers, body), RequestOutcome.SHED, request, route=route.name)
+    try:
+        result = await _limited(runtime, plan, request, view, identified, more_body)
+    except BaseException:
+        slot.release()
+        raise
+    if isinstance(result, Answer):
+        slot.release()  # refused by its rules: it holds no place
+    else:
+        result.slot = slot
+    return result
+
+
+async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
+                   more_body: bool) -> Admit | Answer:
+    """The request's rules, in one limiter call."""
+    route = plan.route
     rules, keys, costs, args, shard = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)

@@ -19,6 +19,7 @@ from gateway.limiter import Limiter
 from gateway.match import Router
 from gateway.overrides import RouteTable
 from gateway.plan import RoutePlan, route_plan
+from gateway.protect import Guard, guards_for
 from gateway.proxy import UpstreamClient
 from gateway.redis import CONNECT_TIMEOUT, make_runner
 from gateway.refusals import LocalRefusals
@@ -43,6 +44,7 @@ class Runtime:
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     keys: KeyTable | None = None  # the deployment's API keys, when the config has `keys:` (gateway/api_keys.py)
     rls: dict[str, Domain] = field(default_factory=dict)  # the rate limit service's domains (gateway/rls/)
+    guards: dict[str, Guard] = field(default_factory=dict)  # per protected route: its limit in flight (protect:)
     in_flight: int = 0
     retired: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -88,6 +90,7 @@ def build_runtime(
     limiter: Limiter,
     reuse: dict[str, UpstreamClient] | None = None,
     transport: str = "lean",
+    guards: dict[str, Guard] | None = None,
 ) -> Runtime:
     reuse = reuse or {}
     clients: dict[str, UpstreamClient] = {}
@@ -105,8 +108,9 @@ def build_runtime(
         plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
     for domain in config.rls:  # routes of their own, which no HTTP request matches
         plans[domain.route.name] = route_plan(domain.route, redis.key_prefix, None)
+    guards = guards_for(config.routes, guards or {})  # a reload keeps a limit whose protect: is unchanged
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
-        r.when.jwt for r in config.routes)
+        r.when.jwt for r in config.routes) or any(p.when.jwt for g in guards.values() for p in g.protect.priorities)
     refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)
     return Runtime(
         config=config,
@@ -120,4 +124,5 @@ def build_runtime(
         settler=Settler(limiter, refusals),
         leases=Leases(limiter),
         rls=domains_of(config.rls, plans),
+        guards=guards,
     )

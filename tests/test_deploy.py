@@ -30,6 +30,7 @@ import tomllib
 import venv
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -1035,6 +1036,10 @@ routes:
     match: {{path: /broken}}
     upstream: nowhere
     limits: [{{name: g, by: [], algorithm: gcra, rate: 100/s, burst: 100}}]
+  - name: protected
+    match: {{path: /slow}}
+    upstream: up
+    protect: {{min_limit: 1, max_limit: 1}}
 """
 
 
@@ -1053,6 +1058,12 @@ def live_scrape(tmp_path: Path, upstream_url: str) -> dict[str, set[str]]:
         top = httpx.get(gateway.admin_url + "/top", params={"window": "15m", "limit": "20"}).json()["top"]
         assert [(t["route"], t["rule"], t["refusals"]) for t in top] == [("limited", "once", 1)]
         assert httpx.get(gateway.url + "/broken").status_code == 502
+        with ThreadPoolExecutor(1) as pool:  # protect: one request in flight, the next one shed
+            held = pool.submit(httpx.get, gateway.url + "/slow", params={"delay": 2}, timeout=10)
+            wait_until(lambda: httpx.get(gateway.url + "/slow", params={"delay": 0}).status_code == 503)
+            assert held.result().status_code == 200
+        for _ in range(15):  # a window of answers: the answer time the limit sees
+            assert httpx.get(gateway.url + "/slow", params={"delay": 0.01}).status_code == 200
         assert httpx.post(gateway.admin_url + "/reload").status_code == 200
         redis.stop()
         assert httpx.get(gateway.url + "/broken").status_code == 502  # failed open, then the upstream failed

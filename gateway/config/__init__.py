@@ -29,6 +29,8 @@ from gateway.config.model import (
     Config,
     JwtSettings,
     KeysSettings,
+    Priority,
+    Protect,
     RedisSettings,
     Route,
     Rule,
@@ -43,7 +45,7 @@ __all__ = [
     "ALGORITHMS", "BUCKET_ALGORITHMS", "ENV_REF", "FAILURE_MODES", "HEADER_MODES", "LOCAL_REFUSALS_HOLD",
     "LOCAL_REFUSALS_MAX", "MAX_COST", "MAX_RULES", "MAX_SHARDS", "MAX_SPAN", "MIN_WINDOW", "NAME", "ON_MISSING",
     "OPTIONAL_FOR", "PARAM", "PARAMS_FOR", "REDIS_MODES", "SOURCE_KINDS", "UNREADABLE_HEADERS", "WINDOW_ALGORITHMS",
-    "Algorithm", "Conditions", "Config", "Field", "JwtSettings", "KeysSettings", "Place", "RedisSettings", "Route",
-    "Rule", "Source",
+    "Algorithm", "Conditions", "Config", "Field", "JwtSettings", "KeysSettings", "Place", "Priority", "Protect",
+    "RedisSettings", "Route", "Rule", "Source",
     "Upstream", "UpstreamTls", "keeps_full_limit", "load_config", "parse_config", "path_params", "shard_share",
 ]

@@ -58,6 +58,10 @@ class Place(StrEnum):
     RLS = "rls"
     RLS_DOMAIN = "rls_domain"
     RLS_DESCRIPTOR = "rls_descriptor"
+    PROTECT = "protect"
+    LATENCY = "latency"
+    PRIORITY = "priority"
+    PRIORITY_MATCH = "priority_match"
 
 
 PLACES: dict[Place, str] = {
@@ -80,6 +84,15 @@ PLACES: dict[Place, str] = {
     Place.RLS_DOMAIN: "`rls.domains: {DOMAIN: ...}` one domain: the descriptors Envoy sends with that domain.",
     Place.RLS_DESCRIPTOR: "`rls.domains.DOMAIN.descriptors: [...]` one descriptor entry; the most specific "
                           "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
+    Place.PROTECT: "`upstreams.NAME.protect:` or `routes[].protect:` an adaptive limit on the requests in flight "
+                   "to the upstream, per worker, which grows while its answer time stays near the unloaded one "
+                   "and shrinks when it rises; at the limit the lowest priority is refused first (503, "
+                   "Retry-After). A route's replaces its upstream's for its requests (docs/algorithms.md).",
+    Place.LATENCY: "`protect.latency:` the upstream's own answer time the limit keeps it to.",
+    Place.PRIORITY: "`protect.priorities: [...]` one class of requests; the first whose match holds takes a "
+                    "request, the last takes every request left. Listed from the most important to the least.",
+    Place.PRIORITY_MATCH: "`protect.priorities[].match:` which requests the priority takes: the conditions of a "
+                          "route's match (every one given must hold).",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
                 "consumes nothing.",
     Place.KEYS: "`keys:` API keys and their plans, registered at runtime on the admin port (`/keys`), stored "
@@ -115,6 +128,7 @@ JWT_ALGORITHMS = ("HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256")
 
 MAX_COST = 1_000_000_000
 MAX_RULES = 32  # per route: one script decides them all, and its reply names the refusing one
+MAX_PRIORITIES = 16
 MAX_SHARDS = 1024  # per route: hash tags a route's keys spread over (docs/scaling.md)
 SLIDING_LOG_MAX = 100_000  # sliding_log keeps one entry per request
 MIN_WINDOW = 0.001  # seconds: Redis keeps expiry in milliseconds
@@ -169,6 +183,7 @@ def _f(place: Place | tuple[Place, ...], key: str, kind: Kind, doc: str, **more:
 TOP, REDIS, DEFAULTS, JWT, ADMIN = Place.TOP, Place.REDIS, Place.DEFAULTS, Place.JWT, Place.ADMIN
 IDENTITY, LOCAL, UPSTREAM, TLS = Place.IDENTITY, Place.LOCAL_REFUSALS, Place.UPSTREAM, Place.TLS
 ROUTE, MATCH, RULE = Place.ROUTE, Place.MATCH, Place.RULE
+PMATCH = Place.PRIORITY_MATCH
 
 FIELDS: tuple[Field, ...] = (
     _f(TOP, "version", Integer(1, 1), "Format version; only 1 exists.", required="(version: 1)"),
@@ -275,6 +290,27 @@ FIELDS: tuple[Field, ...] = (
     _f(UPSTREAM, "max_connections", Integer(1, 100_000), "Connection pool size.", default=512),
     _f(UPSTREAM, "http2", Boolean(), "true: speak HTTP/2 to this upstream (needs an https:// url; "
        "negotiated by ALPN).", default=False),
+    _f(UPSTREAM, "protect", Section(Place.PROTECT), "Keep the upstream's answer time near its unloaded value by "
+       "limiting the requests in flight to it, refusing the least important first (docs/algorithms.md).",
+       default=None),
+    _f(Place.PROTECT, "latency", Section(Place.LATENCY), "The answer time to keep."),
+    _f(Place.PROTECT, "priorities", ListOf(Section(Place.PRIORITY), MAX_PRIORITIES), "Classes of requests, the "
+       "most important first.", default=(), shown="one: every request alike"),
+    _f(Place.PROTECT, "min_limit", Integer(1, 100_000), "The in-flight limit never goes below this.", default=2),
+    _f(Place.PROTECT, "max_limit", Integer(1, 100_000), "The in-flight limit never goes above this.",
+       default=1000),
+    _f(Place.LATENCY, "target", Duration(), "The answer time (at `percentile`) the limit keeps the upstream "
+       "under: it shrinks while the answers are slower. Absent: twice the unloaded answer time; the limit "
+       "aims at no less than 1.25 times the unloaded time whatever the target.", default=None,
+       shown="2 x unloaded"),
+    _f(Place.LATENCY, "percentile", Integer(50, 99), "The percentile of each window's answer times compared "
+       "with the target.", default=90),
+    _f(Place.PRIORITY, "name", Name(), "The priority's name, in metrics, logs and refusals.", required=""),
+    _f(Place.PRIORITY, "match", Section(Place.PRIORITY_MATCH), "The requests it takes; the last priority "
+       "has none: it takes every request left."),
+    _f(Place.PRIORITY, "share", Integer(1, 100), "Percent of the in-flight limit its requests may fill; past it "
+       "they are refused. Default: 100 for the first, 50 for the last, evenly between.",
+       shown="100 first .. 50 last"),
     _f(UPSTREAM, "tls", Section(TLS), "CAs to trust, a client certificate for mutual TLS, and whether to "
        "verify the upstream's certificate (needs an https:// url).", default=None),
 
@@ -311,6 +347,8 @@ FIELDS: tuple[Field, ...] = (
     _f(ROUTE, "shards", Integer(1, MAX_SHARDS), "Redis Cluster: spread the route's keys over this many hash "
        "tags, chosen by the first rule's identity (docs/scaling.md). 1: every key in one slot, exact.",
        default=1),
+    _f(ROUTE, "protect", Section(Place.PROTECT), "The route's own adaptive limit on its requests in flight to its "
+       "upstream, in place of the upstream's `protect:` (docs/algorithms.md).", default=None),
 
     _f(MATCH, "path", Template(), "Path template: /items/{id}, /{rest:path}; "
        "{name:int} and {name:str} too.", required=""),
@@ -329,6 +367,15 @@ FIELDS: tuple[Field, ...] = (
        "section). No token, or one that does not verify, meets none.", default=None),
     _f(MATCH, "client", ListOf(Network()), "Client addresses (CIDRs), as the ip identity reads them (after "
        "trusted_proxies). Not met: the next route is tried.", default=None),
+
+    _f(PMATCH, "methods", ListOf(Text(r"^[A-Za-z]{1,20}$", "{value!r} is not an HTTP method", what="HTTP method")),
+       "Methods it takes; absent: every method."),
+    _f(PMATCH, "plan", ListOf(Name(), single=True), "The plan (or plans) of the request's API key (`keys:`)."),
+    _f(PMATCH, "headers", Conditions(presence=True), "Headers the request carries: NAME: VALUE, NAME: [VALUES] or "
+       "NAME: true (present)."),
+    _f(PMATCH, "jwt", Conditions(), "Claims of a verified bearer token: CLAIM: VALUE or [VALUES] (needs the jwt: "
+       "section)."),
+    _f(PMATCH, "client", ListOf(Network()), "Client addresses (CIDRs), as the ip identity reads them."),
 
     _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
     _f(Place.USE, "use", Name(), "The name of a rule of `shared:`; alone in its mapping.", required=""),

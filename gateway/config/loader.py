@@ -53,6 +53,8 @@ from gateway.config.model import (
     Config,
     JwtSettings,
     KeysSettings,
+    Priority,
+    Protect,
     RedisSettings,
     RlsDomain,
     Route,
@@ -107,6 +109,7 @@ class _Reader:
         self.problems: list[ConfigProblem] = []
         self.warnings: list[ConfigProblem] = []  # what `gateway check` prints and still accepts
         self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
+        self.plans: frozenset[str] | None = None  # the plans a `match: {plan: }` may name (None: no keys:)
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -321,7 +324,9 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         settings["admin_token"] = settings["admin_token"] or None
     settings.pop("shared", None)
     keys_settings = _keys(top.nodes["keys"], r, jwt) if "keys" in top else None
-    upstreams = _upstreams(top, r)
+    if keys_settings is not None:
+        r.plans = frozenset(keys_settings.plans) | ({"none"} if keys_settings.unknown == "pass" else set())
+    upstreams = _upstreams(top, r, jwt)
     if "shared" in top:
         r.shared = _shared(top.nodes["shared"], r, jwt)
     routes = _routes(top, r, upstreams, defaults, jwt)
@@ -498,7 +503,7 @@ def _jwt(node: yaml.Node, r: _Reader) -> JwtSettings:
     return JwtSettings(**values)
 
 
-def _upstreams(top: Found, r: _Reader) -> dict[str, Upstream]:
+def _upstreams(top: Found, r: _Reader, jwt: JwtSettings) -> dict[str, Upstream]:
     if "upstreams" not in top:
         return {}
     node = top.nodes["upstreams"]
@@ -522,6 +527,8 @@ def _upstreams(top: Found, r: _Reader) -> dict[str, Upstream]:
             values["tls"] = _tls(found.nodes["tls"], f"{key}.tls", r)
             if "url" not in found.bad and not url.startswith("https://"):
                 r.problem(found.nodes["tls"], f"{key}.tls", "tls settings need an https:// url")
+        if "protect" in found:
+            values["protect"] = _protect(found.nodes["protect"], f"{key}.protect", r, jwt)
         out[name] = Upstream(name=name, url=url.rstrip("/"), **values)
     return out
 
@@ -690,6 +697,11 @@ def _route(
         if any(rule.shared for rule in rules):
             r.problem(found.nodes["shards"], f"{key}.shards", "a route that uses a shared rule keeps its keys "
                                                               "with that rule's, in one hash tag: it cannot be sharded")
+    if "protect" in found:
+        values["protect"] = _protect(found.nodes["protect"], f"{key}.protect", r, jwt)
+        if upstream is None and r.proxy:
+            r.problem(found.nodes["protect"], f"{key}.protect", "protect limits the requests in flight to an "
+                                                                "upstream: this route has none")
     if values.get("websocket") and upstream is not None and upstream.http2:
         r.problem(found.nodes["websocket"], f"{key}.websocket",
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
@@ -705,12 +717,24 @@ def _match(node: yaml.Node, key: str, r: _Reader,
     if found is None:
         return "/", None, None, Conditions(), "sensitive"
     values = r.read(found, key, Place.MATCH)
+    methods = _methods(found, key, r, values)
+    when = _when(found, key, r, jwt, values)
+    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when, values.get(
+        "path_case", "sensitive")
+
+
+def _methods(found: Found, key: str, r: _Reader, values: dict[str, Any]) -> frozenset[str] | None:
     methods = frozenset(m.upper() for m in values["methods"]) if "methods" in values else None
     for method in sorted(methods or ()):
         if method not in KNOWN_METHODS:
             near = difflib.get_close_matches(method, sorted(KNOWN_METHODS), n=1)
             r.problem(found.nodes["methods"], f"{key}.methods",
                       f"{method} is no HTTP method" + (f" (did you mean {near[0]}?)" if near else ""))
+    return methods
+
+
+def _when(found: Found, key: str, r: _Reader, jwt: JwtSettings, values: dict[str, Any]) -> Conditions:
+    """`match: headers, jwt, client, plan` of a route or a priority."""
     headers: list[tuple[bytes, frozenset[bytes] | None]] = []
     for name, wanted, name_node in _conditions(found, "headers", key, r, presence=True):
         name = name.lower()
@@ -722,10 +746,8 @@ def _match(node: yaml.Node, key: str, r: _Reader,
     if claims and not jwt.algorithms:
         r.problem(found.nodes["jwt"], f"{key}.jwt", "matching on JWT claims needs a top-level jwt: section "
                                                     "with a key to verify tokens")
-    when = Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())),
+    return Conditions(tuple(headers), tuple(claims), tuple(values.get("client", ())),
                       frozenset(values.get("plan", ())))
-    return values.get("path") or "/", methods, values.get("host", "").lower() or None, when, values.get(
-        "path_case", "sensitive")
 
 
 def _conditions(found: Found, place: str, key: str, r: _Reader,
@@ -761,6 +783,72 @@ def _conditions(found: Found, place: str, key: str, r: _Reader,
         else:
             out.append((name, (text.strip(),), name_node))
     return out
+
+
+def _protect(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> Protect | None:
+    found = r.section(node, key, Place.PROTECT)
+    if found is None:
+        return None
+    values = r.read(found, key, Place.PROTECT)
+    if "latency" in found:
+        latency = r.section(found.nodes["latency"], f"{key}.latency", Place.LATENCY)
+        if latency is not None:
+            values.update(r.read(latency, f"{key}.latency", Place.LATENCY))
+            if latency.bad:
+                return None
+    if values.get("min_limit", 1) > values.get("max_limit", 100_000):
+        r.problem(found.nodes["min_limit"], f"{key}.min_limit", "must not exceed max_limit")
+    priorities = _priorities(found.nodes["priorities"], f"{key}.priorities", r, jwt) if "priorities" in found else (
+        Priority("default", 1.0),)
+    if found.bad or not priorities:
+        return None
+    return Protect(priorities, **values)
+
+
+def _priorities(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> tuple[Priority, ...]:
+    items = r.sequence(node, key) or []
+    if not items:
+        r.problem(node, key, "must list at least one priority (the last takes every request)")
+    out: list[Priority] = []
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]"
+        found = r.section(item, where, Place.PRIORITY)
+        if found is None or found.missing:
+            continue
+        values = r.read(found, where, Place.PRIORITY)
+        name = values.get("name", "")
+        if any(p.name == name for p in out):
+            r.problem(found.nodes["name"], f"{where}.name", f"priority '{name}' is listed twice")
+        when, methods = Conditions(), None
+        if "match" in found:
+            if i == len(items) - 1:
+                r.problem(found.nodes["match"], f"{where}.match", "the last priority takes every request left: "
+                                                                   "it matches nothing itself")
+            match = r.section(found.nodes["match"], f"{where}.match", Place.PRIORITY_MATCH)
+            if match is not None:
+                conditions = r.read(match, f"{where}.match", Place.PRIORITY_MATCH)
+                methods = _methods(match, f"{where}.match", r, conditions)
+                when = _when(match, f"{where}.match", r, jwt, conditions)
+                _check_priority_plans(match, f"{where}.match.plan", r, when.plans)
+        share = values["share"] / 100 if "share" in values else 1 - 0.5 * i / max(1, len(items) - 1)
+        if out and share > out[-1].share:
+            r.problem(found.nodes.get("share", item), f"{where}.share", f"a priority may fill no more of the "
+                      f"limit than the one before it ('{out[-1].name}', {round(out[-1].share * 100)}%): they "
+                      "are listed from the most important to the least")
+        out.append(Priority(name, share, when, methods))
+    return tuple(out)
+
+
+def _check_priority_plans(found: Found, key: str, r: _Reader, plans: frozenset[str]) -> None:
+    if not plans:
+        return
+    if r.plans is None:
+        r.problem(found.nodes["plan"], key, "matching on a plan needs a top-level keys: section")
+        return
+    for plan in sorted(plans - r.plans):
+        near = difflib.get_close_matches(plan, sorted(r.plans), n=1)
+        r.problem(found.nodes["plan"], key, f"no plan named {plan!r} in keys.plans" +
+                  (f" (did you mean {near[0]}?)" if near else f" (plans: {', '.join(sorted(r.plans))})"))
 
 
 def _rules(

@@ -38,6 +38,7 @@ class Upstream:
     max_connections: int = default(P.UPSTREAM, "max_connections")
     http2: bool = default(P.UPSTREAM, "http2")
     tls: UpstreamTls | None = None
+    protect: Protect | None = None  # an adaptive in-flight limit for every route to it (gateway/protect.py)
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,30 @@ class Conditions:
 
 
 @dataclass(frozen=True)
+class Priority:
+    """One class of `protect.priorities`: the requests it takes, and how much of the limit they may fill."""
+
+    name: str
+    share: float                      # of the in-flight limit, 0 < share <= 1
+    when: Conditions = Conditions()
+    methods: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        assert 0 < self.share <= 1, self.share
+
+
+@dataclass(frozen=True)
+class Protect:
+    """`protect:` the answer time an upstream is kept to, and who is refused first when it is not."""
+
+    priorities: tuple[Priority, ...]  # first match wins; the last takes every request left
+    target: float | None = default(P.LATENCY, "target")          # seconds; None: twice the unloaded time
+    percentile: int = default(P.LATENCY, "percentile")
+    min_limit: int = default(P.PROTECT, "min_limit")
+    max_limit: int = default(P.PROTECT, "max_limit")
+
+
+@dataclass(frozen=True)
 class KeysSettings:
     """`keys:` where a request's API key is read, what an unknown one gets, the plans there are."""
 
@@ -180,6 +205,7 @@ class Route:
     respond: str | None = None                 # "usage": answered by the gateway (gateway/caller_usage.py)
     usage_of: tuple[str, ...] = ()             # ... with these routes' rules (empty: every limited route)
     path_case: str = default(P.MATCH, "path_case")  # "insensitive": the template matches in any case
+    protect: Protect | None = None             # its own adaptive in-flight limit, in place of its upstream's
 
     @property
     def split(self) -> tuple[bool, ...]:
