@@ -7,7 +7,7 @@ PIP    := $(VENV)/bin/pip
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run test lint bench clean system-deps
+.PHONY: run test test-fast lint bench clean system-deps
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -39,6 +39,10 @@ lint: $(DEV_STAMP)
 
 test: $(DEV_STAMP) system-deps lint
 	$(VENV)/bin/pytest -q
+
+# The in-process slice (tests/conftest.py): against a real Redis, no gateway processes; about 2 minutes
+test-fast: $(DEV_STAMP) system-deps
+	$(VENV)/bin/pytest -q -m inprocess
 
 bench: $(DEV_STAMP) system-deps
 	$(PY) bench/run.py
