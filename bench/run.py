@@ -74,13 +74,14 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 WRK_SCRIPT = BENCH / "report.lua"
 REQUEST_PATH = "/api/items/42"
 USER_HEADER = ("X-User-Id", "bench-user")
-CONTENDERS = ("nginx", "nginx-2", "naive", "peer", "gateway-1", "gateway-2", "gateway-uvicorn", "gateway-httpx",
-              "gateway-keys")
+CONTENDERS = ("floor", "nginx", "nginx-2", "naive", "peer", "gateway-1", "gateway-2", "gateway-uvicorn",
+              "gateway-httpx", "gateway-keys")
 # The gateway (1 worker) with the libraries' own implementation in place of each lean part behind
 # its seam: uvicorn's httptools protocol and httpx's AsyncHTTPTransport, built by
 # tests/support/comparison_gateway.py (no product setting selects them: both fail parts of tests/conformance).
 COMPARISONS = {"gateway-uvicorn": ["--http", "uvicorn"], "gateway-httpx": ["--transport", "httpx"]}
 LABELS = {
+    "floor": "the Python floor: bare uvloop + httptools, an empty 200 (bench/floor_server.py)",
     "nginx": "nginx proxy_pass + limit_req (1 worker)",
     "nginx-2": "nginx proxy_pass + limit_req (2 workers)",
     "naive": "naive Starlette + httpx + EVALSHA (1 worker)",
@@ -454,6 +455,10 @@ def start_contender(name: str, procs: Processes, tmp: Path, upstream_port: int, 
         process = start_nginx(procs, name, tmp / name, port, workers, nginx_proxy_server(port, upstream_port))
         wait_for(lambda: proxies_ok(url), "a 200 through it", process, procs, name)
         return Running(url, process, notes={"worker_processes": workers})
+    if name == "floor":
+        process = procs.start(name, [sys.executable, str(BENCH / "floor_server.py"), str(port)], cwd=ROOT)
+        wait_for(lambda: http_get(url + REQUEST_PATH)[0] == 200, "a 200 from it", process, procs, name)
+        return Running(url, process, profile_pid=process.pid)
     if name in ("naive", "peer"):
         env = dict(os.environ, UPSTREAM_URL=f"http://127.0.0.1:{upstream_port}", REDIS_URL=redis_url)
         module = "naive_forwarder:app" if name == "naive" else "fair_peer:app"
@@ -826,6 +831,9 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for name in COMPARISONS:  # the lean part's gain over the library's own, behind the same seam
         if name in results:
             out[f"gateway-1/{name}"] = {"value": gw["rps"] / results[name]["rps"]}
+    if "floor" in results:  # CPU per request as a multiple of the floor's (less is better)
+        floor = results["floor"]["proxy_cpu_us_per_request"]
+        out["gateway-1 CPU/request / the floor's"] = {"value": gw["proxy_cpu_us_per_request"] / floor}
     return out
 
 
