@@ -47,11 +47,10 @@ from starlette.routing import Route
 
 from gateway import metrics
 from gateway.admin_common import (
-    ADMIN_BODY_TIMEOUT,
     MAX_OVERRIDE_BODY,
     AdminControl,
-    TooLarge,
-    bounded_body,
+    admin_body,
+    is_cursor,
     problem_response,
     runtime_of,
     write_refusal,
@@ -289,8 +288,10 @@ def admin_app(control: AdminControl) -> Starlette:
         rules = [(route, rule) for route in runtime.config.limited_routes for rule in route.limits]
         limit = _page_limit(request)
         at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
-        if limit is None or not (_whole(at) and _whole(cursor)):
-            return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+        if not (_whole(at) and len(at) < 8 and is_cursor(cursor)):
+            return problem_response(400, "cursor: is the next_cursor of the page before", field="cursor")
+        if limit is None:
+            return problem_response(400, f"limit: is a whole number from 1 to {PAGE_LIMIT}", field="limit")
         index, listed = int(at), list[dict[str, Any]]()
         try:
             counts = await _each(rules, lambda rr: store.count(rr[0].name, rr[1].name))
@@ -345,16 +346,9 @@ def admin_app(control: AdminControl) -> Starlette:
                 if not await store.delete(route_name, rule_name, token):
                     return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
                 return JSONResponse(where | {"key": token, "deleted": True})
-            try:
-                raw = await bounded_body(request, MAX_OVERRIDE_BODY, ADMIN_BODY_TIMEOUT)
-            except TooLarge:
-                response = problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
-                response.headers["connection"] = "close"  # the rest of it is not read
-                return response
-            except TimeoutError:
-                response = problem_response(408, f"the body did not arrive within {ADMIN_BODY_TIMEOUT:.0f}s")
-                response.headers["connection"] = "close"
-                return response
+            raw = await admin_body(request, MAX_OVERRIDE_BODY)
+            if isinstance(raw, Response):
+                return raw
             try:
                 body = json.loads(raw)
                 parsed = parse_override(rule, body)
@@ -453,8 +447,10 @@ def _page_limit(request: Request) -> int | None:
 async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
     cursor = request.query_params.get("cursor", "0") or "0"
     limit = _page_limit(request)
-    if not _whole(cursor) or limit is None:
-        return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+    if not is_cursor(cursor):
+        return problem_response(400, "cursor: is the next_cursor of the page before", field="cursor")
+    if limit is None:
+        return problem_response(400, f"limit: is a whole number from 1 to {PAGE_LIMIT}", field="limit")
     try:
         nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)
         count = await store.count(where["route"], where["rule"])
