@@ -28,8 +28,9 @@ LATENCY_BUCKETS = (
 
 REQUESTS = Counter(
     "gateway_requests_total",
-    "Requests by route, how they ended (admitted, refused, failed_open: Redis down, forwarded "
-    "unlimited, failed_closed: Redis down, 503, bad_request, client_gone) and who decided (redis; "
+    "Every request once, by route (empty: none took it), how it ended (admitted, refused, "
+    "failed_open: Redis down, forwarded unlimited, failed_closed: Redis down, 503, bad_request, "
+    "client_gone, unknown_key: an API key's 401, no_route, method_not_allowed) and who decided (redis; "
     "memory: a refusal Redis gave, answered again from the worker's memory; none).",
     ["route", "outcome", "decided_by"],
 )
