@@ -102,6 +102,7 @@ class _Reader:
         self.env = env
         self.problems: list[ConfigProblem] = []
         self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
+        self.keys_source: Source | None = None  # `keys.source`, read before every rule: a secret source
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -312,6 +313,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
         settings["admin_token"] = settings["admin_token"] or None
     settings.pop("shared", None)
     keys_settings = _keys(top.nodes["keys"], r, jwt) if "keys" in top else None
+    r.keys_source = keys_settings.source if keys_settings is not None else None
     upstreams = _upstreams(top, r)
     if "shared" in top:
         r.shared = _shared(top.nodes["shared"], r, jwt)
@@ -1011,10 +1013,55 @@ def _token_cost(node: yaml.Node, key: str, r: _Reader) -> dict[str, Any]:
     return out
 
 
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+CREDENTIAL_WORDS = ("key", "token", "auth", "secret", "session", "password", "signature", "credential")
+
+
+def _says_credential(kind: str, name: str) -> bool:
+    """A header, query parameter or cookie whose name says it holds a credential (X-Api-Key,
+    ?access_token=, a session cookie)."""
+    if kind not in ("header", "query", "cookie"):
+        return False
+    lowered = name.lower()
+    return (kind == "header" and lowered in CREDENTIAL_HEADERS) or any(word in lowered for word in CREDENTIAL_WORDS)
+
+
+def _source_text(node: yaml.Node, key: str, r: _Reader) -> tuple[str | None, bool | None]:
+    """`KIND:NAME`, or `{KIND: NAME, secret: BOOL}`: the source's text and its `secret:`, if given."""
+    if not isinstance(node, yaml.MappingNode):
+        return r.text(node, key), None
+    pairs = {str(k.value): v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    flag = pairs.pop("secret", None)
+    if len(pairs) != 1 or flag is None or len(node.value) != 2:
+        r.problem(node, key, "a source with options is {KIND: NAME, secret: true|false}, as {header: X-Tenant, "
+                             "secret: true}")
+        return None, None
+    said = (r.text(flag, f"{key}.secret") or "").strip().lower()
+    if said not in ("true", "false"):
+        r.problem(flag, f"{key}.secret", f"{said!r} must be true or false")
+        return None, None
+    [(kind, name_node)] = pairs.items()
+    name = r.text(name_node, f"{key}.{kind}")
+    return (None if name is None else f"{kind}:{name}"), said == "true"
+
+
 def _source(node: yaml.Node, key: str, r: _Reader, params: list[str], jwt: JwtSettings) -> Source | None:
-    text = r.text(node, key)
+    text, explicit = _source_text(node, key, r)
     if text is None:
         return None
+    source = _source_of(text, node, key, r, params, jwt)
+    if source is None:
+        return None
+    keys = r.keys_source
+    if keys is not None and (source.kind, source.name) == (keys.kind, keys.name):
+        secret = True  # the API key: whatever a rule says
+    else:
+        secret = _says_credential(source.kind, source.name) if explicit is None else explicit
+    return replace(source, secret=secret)
+
+
+def _source_of(text: str, node: yaml.Node, key: str, r: _Reader, params: list[str],
+               jwt: JwtSettings) -> Source | None:
     kind, _, name = text.partition(":")
     kind = kind.strip()
     name = name.strip()

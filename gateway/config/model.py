@@ -43,6 +43,8 @@ class Upstream:
 class Source:
     kind: str
     name: str = ""
+    # its values are credentials: shown only as their fingerprint (gateway/keys.py), never as they came
+    secret: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.name}" if self.name else self.kind
