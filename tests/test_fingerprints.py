@@ -71,7 +71,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, redis_proc: RedisProcess,
 
 
 def _refused_once(gateway: GatewayProcess, path: str, **sent: dict[str, str]) -> None:
-    statuses = []
+    statuses: list[int] = []
     while not statuses or statuses[-1] == 200:
         statuses.append(httpx.get(gateway.url + path, **sent).status_code)  # type: ignore[arg-type]
         assert len(statuses) < 5, statuses
