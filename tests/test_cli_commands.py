@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,44 @@ def test_the_chart_sets_each_setting_it_names_with_the_same_default() -> None:
             value = value[part]
         if option.default is not None and not option.chart.endswith(("containerPort", "secretName", "url")):
             assert option.kind(value) == option.default, (option.chart, value, option.default)
+
+
+COUNTED_BY_THE_ANSWER = """\
+version: 1
+upstreams: {shop: {url: "http://127.0.0.1:9"}}
+routes:
+  - name: pay
+    match: {path: /pay}
+    upstream: shop
+    limits: [{name: ok-only, by: [ip], algorithm: fixed_window, limit: 5, window: 1m, count_on: [200]}]
+"""
+
+
+def test_check_sees_what_the_check_port_refuses_from_a_flag_or_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(COUNTED_BY_THE_ANSWER)
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    assert run("check", str(path), env=clean).returncode == 0  # the proxy port alone counts by the answer
+    flagged = run("check", "--check-port", "8081", str(path), env=clean)
+    assert flagged.returncode == 2 and "count_on" in flagged.stderr, flagged.stderr
+    path.write_text(COUNTED_BY_THE_ANSWER + "check: {convention: auto}\n")
+    sectioned = run("check", str(path), env=clean)
+    assert sectioned.returncode == 2 and "count_on" in sectioned.stderr, sectioned.stderr
+    assert run("check", "--rls-port", "8082", "routes.yaml", env=clean).returncode == 0
+    bad = run("check", "--check-port", "eighty", "routes.yaml", env=clean)
+    assert bad.returncode == 2 and "--check-port" in bad.stderr
+
+
+def test_a_check_only_file_needs_no_upstream(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text("version: 1\ncheck: {convention: auto}\nroutes:\n"
+                    "  - name: search\n    match: {path: /search}\n"
+                    "    limits: [{name: per-ip, by: [ip], algorithm: fixed_window, limit: 5, window: 1m}]\n")
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    result = run("check", str(path), env=clean)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{path}: ok (1 route, 1 rule, 0 upstreams)"
+    proxied = tmp_path / "proxied.yaml"  # without the check port, a route still needs its upstream
+    proxied.write_text(path.read_text().replace("check: {convention: auto}\n", ""))
+    missing = run("check", str(proxied), env=clean)
+    assert missing.returncode == 2 and "upstream" in missing.stderr, missing.stderr

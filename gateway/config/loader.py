@@ -293,8 +293,11 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     top = r.section(root, "", Place.TOP, require=False)
     if top is None:
         return None
-    # a rate limit service alone (rls:) needs no route and no upstream: Envoy does the forwarding
-    optional = ("routes", "upstreams") if "rls" in top else ()
+    if "check" in top:  # a file written for the check port is read as with the port on
+        r.decision_only = True
+    # a rate limit service alone (rls:) needs no route and no upstream: Envoy does the forwarding;
+    # with the check port on, the proxy in front does
+    optional = ("routes", "upstreams") if "rls" in top else ("upstreams",) if r.decision_only else ()
     r.require(top, "", Place.TOP, only=[k for k in keys(Place.TOP) if k not in optional])
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
@@ -661,7 +664,8 @@ def _route(
     if found is None:
         return None
     answers_itself = "respond" in found  # no upstream: the gateway answers (respond: usage)
-    r.require(found, key, Place.ROUTE, only=[k for k in keys(Place.ROUTE) if not (answers_itself and k == "upstream")])
+    no_upstream = answers_itself or r.decision_only  # ... or the route is decided on the check port
+    r.require(found, key, Place.ROUTE, only=[k for k in keys(Place.ROUTE) if not (no_upstream and k == "upstream")])
     if found.missing:
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
@@ -689,7 +693,7 @@ def _route(
     if values.get("websocket") and upstream is not None and upstream.http2:
         r.problem(found.nodes["websocket"], f"{key}.websocket",
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
-    if name is None or (upstream is None and r.proxy and not answers_itself):
+    if name is None or (upstream is None and r.proxy and not no_upstream):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
                  when=when, path_case=path_case, **values)
