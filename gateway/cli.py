@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
                                help=f"{option.help} (env {option.env}; default {option.shown_default()})")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
     for option in OPTIONS:  # the ports that change what a file may hold, as serve takes them
-        if option.field in ("check_port", "rls_port"):
+        if option.flag is not None and option.field in ("check_port", "rls_port"):
             check.add_argument(option.flag, type=option.kind, dest=option.field, metavar=option.shown_metavar,
                                help=f"validate as serve would with it given (env {option.env})")
     check.add_argument("config", nargs="?", help="path to routes.yaml (default: as serve, GATEWAY_CONFIG "
