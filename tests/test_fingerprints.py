@@ -36,7 +36,7 @@ routes:
   - name: tenants
     match: {{path: /echo/tenants}}
     upstream: up
-    limits: [{{name: per-tenant, by: ["header:X-Tenant"], algorithm: fixed_window, limit: 1,
+    limits: [{{name: per-tenant, by: [{{header: X-Tenant, secret: true}}], algorithm: fixed_window, limit: 1,
                window: 1h}}]
   - name: sessions
     match: {{path: /echo/sessions}}
@@ -49,7 +49,7 @@ routes:
   - name: authors
     match: {{path: /echo/authors}}
     upstream: up
-    limits: [{{name: per-author, by: ["header:X-Auth-User"], algorithm: fixed_window, limit: 1,
+    limits: [{{name: per-author, by: [{{header: X-Auth-User, secret: false}}], algorithm: fixed_window, limit: 1,
                window: 1h}}]
   - name: items
     match: {{path: "/echo/items/{{item}}"}}
