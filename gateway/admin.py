@@ -111,8 +111,17 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
                        "default": rule.cost, "settle": "response_json:" + ".".join(rule.settle_field)}
     for name in ("count_on", "refund_on"):
         if getattr(rule, name):
-            out[name] = sorted(getattr(rule, name))
+            out[name] = _statuses(getattr(rule, name))
     out.update(status=rule.status, shadow=rule.shadow, on_missing=rule.on_missing)
+    return out
+
+
+def _statuses(codes: frozenset[int]) -> list[int | str]:
+    """Statuses as the file writes them: a whole class as `5xx`, others one by one."""
+    out: list[int | str] = []
+    for first in range(100, 600, 100):
+        covered = sorted(code for code in codes if first <= code < first + 100)
+        out += [f"{first // 100}xx"] if len(covered) == 100 else covered
     return out
 
 

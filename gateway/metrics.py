@@ -121,9 +121,12 @@ CONFIG_INFO = Gauge(
 
 
 def describe_rules(routes: Iterable[Any]) -> None:
-    """The configured limits as gauges (at start-up and after each reload)."""
-    RULE_LIMIT.clear()
-    RULE_WINDOW.clear()
+    """The configured limits as gauges (at start-up and after each reload). With several workers
+    prometheus_client cannot drop a label set from the files the others read (it warns, and does
+    nothing): a rule reloaded away keeps its last values there until the gateway restarts."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        RULE_LIMIT.clear()
+        RULE_WINDOW.clear()
     for route in routes:
         for rule in route.limits:
             RULE_LIMIT.labels(route.name, rule.name, str(rule.algorithm)).set(rule.quota_size)
