@@ -392,9 +392,10 @@ def admin_app(control: AdminControl) -> Starlette:
             return problem_response(503, f"Redis is unavailable: {exc}")
         answer = where | {"key": identity or token, "token": token, "override": body, "applies_within_seconds": 2}
         settings = control.settings
-        if needs_embedded_redis(settings, runtime.config) and settings.data_dir is None:
-            warning = ("the embedded Redis keeps this override in memory only: it is gone when the gateway "
-                       "stops (serve --data-dir DIR keeps it, or set a Redis URL)")
+        if needs_embedded_redis(settings, runtime.config) and settings.ephemeral:
+            warning = ("the embedded Redis keeps this override in memory only (--ephemeral, or no state "
+                       "directory: see the start-up log): it is gone when "
+                       "the gateway stops (serve without --ephemeral keeps it, or set a Redis URL)")
             log.warning("override of %s/%s set: %s", route_name, rule_name, warning)
             answer |= {"survives_restart": False, "warning": warning}
         return JSONResponse(answer)

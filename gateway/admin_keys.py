@@ -17,6 +17,7 @@ gateway/overrides.py).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -36,7 +37,9 @@ from gateway.api_keys import MAX_BULK, MAX_KEY_BYTES, KeyStore, digest, fingerpr
 from gateway.config import KeysSettings, Source
 from gateway.errors import RedisUnavailable
 from gateway.overrides import Store
+from gateway.which_redis import needs_embedded_redis
 
+log = logging.getLogger("gateway.admin")
 MAX_BULK_BODY = 2 * 1024 * 1024  # bytes of a POST /keys
 PAGE_LIMIT = 1000
 
@@ -87,6 +90,17 @@ def key_routes(control: AdminControl) -> list[Route]:
         if settings is None:
             return problem_response(404, "this configuration has no keys: section")
         return settings, KeyStore(runtime.limiter, runtime.redis.key_prefix)
+
+    def kept_in_memory() -> dict[str, Any]:
+        """What a write's answer adds when the embedded Redis was started --ephemeral."""
+        settings = control.settings
+        if not (settings.ephemeral and needs_embedded_redis(settings, runtime_of(control).config)):
+            return {}
+        warning = ("the embedded Redis keeps keys in memory only (--ephemeral, or no state directory: see the start-up "
+                   "log): they are gone when the "
+                   "gateway stops (serve without --ephemeral keeps them, or set a Redis URL)")
+        log.warning("API keys written: %s", warning)
+        return {"survives_restart": False, "warning": warning}
 
     async def signalled(store: KeyStore) -> None:
         await Store(store.limiter, store.prefix).changed()
@@ -140,7 +154,7 @@ def key_routes(control: AdminControl) -> list[Route]:
             plan = _plan(settings, body["plan"])
             await store.write({value: plan})
             await signalled(store)
-            return JSONResponse({"key": fingerprint(value), "plan": plan})
+            return JSONResponse({"key": fingerprint(value), "plan": plan} | kept_in_memory())
         except _Refused as exc:
             return exc.response
         except _Invalid as exc:
@@ -186,7 +200,7 @@ def key_routes(control: AdminControl) -> list[Route]:
                     raise _Invalid(f"keys[{n}].{exc.field}", str(exc)) from None
             await store.write(entries)  # one call: all or none
             await signalled(store)
-            return JSONResponse({"written": len(entries)})
+            return JSONResponse({"written": len(entries)} | kept_in_memory())
         except _Refused as exc:
             return exc.response
         except _Invalid as exc:

@@ -28,7 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     for option in OPTIONS:
-        if option.flag is not None:
+        if option.flag is not None and option.switch:
+            serve.add_argument(option.flag, action="store_true", default=None, dest=option.field,
+                               help=f"{option.help} (env {option.env}=1)")
+        elif option.flag is not None:
             serve.add_argument(option.flag, type=option.kind, dest=option.field, metavar=option.shown_metavar,
                                help=f"{option.help} (env {option.env}; default {option.shown_default()})")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
@@ -57,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """Defaults, then the environment, then flags."""
     flags = {option.field: getattr(args, option.field) for option in OPTIONS if option.flag is not None}
-    return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+    settings = replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+    if settings.ephemeral and settings.data_dir is not None:
+        raise ValueError("--ephemeral and --data-dir exclude each other: state in memory, or kept in DIR")
+    return settings
 
 
 def gateway_version() -> str:

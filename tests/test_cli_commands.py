@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import parse_args, resolve_settings
-from gateway.settings import ENV_KEYS, Settings, from_env
+from gateway.settings import ENV_KEYS, Settings, boolean, from_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,9 @@ def test_help_shows_each_flag_with_its_environment_variable_and_default() -> Non
 
     text = " ".join(run("serve", "--help").stdout.split())
     for option in OPTIONS:
-        if option.flag is not None:
+        if option.flag is not None and option.switch:
+            assert f"{option.flag} {option.help}" in text and f"(env {option.env}=1)" in text, option.field
+        elif option.flag is not None:
             assert f"{option.flag} {option.shown_metavar}" in text
             assert f"env {option.env}; default {option.shown_default()})" in text, option.field
 
@@ -140,13 +142,19 @@ def test_help_shows_each_flag_with_its_environment_variable_and_default() -> Non
 def test_each_flag_and_each_variable_sets_its_setting() -> None:
     from gateway.settings import OPTIONS
 
-    samples = {int: "7", float: "2.5", str: "/some/value"}
+    samples: dict[object, str] = {int: "7", float: "2.5", str: "/some/value", boolean: "1"}
     for option in OPTIONS:
         expected = option.kind(samples[option.kind])
         assert getattr(from_env({option.env: samples[option.kind]}), option.field) == expected, option.env
         if option.flag is not None:
-            settings = resolve_settings(parse_args(["serve", option.flag, samples[option.kind]]), {})
+            given = [option.flag] if option.switch else [option.flag, samples[option.kind]]
+            settings = resolve_settings(parse_args(["serve", *given]), {})
             assert getattr(settings, option.field) == expected, option.flag
+
+
+def test_ephemeral_and_a_data_dir_exclude_each_other() -> None:
+    result = run("serve", "--ephemeral", "--data-dir", "/tmp/x")
+    assert result.returncode == 2 and "exclude each other" in result.stderr
 
 
 def test_the_chart_sets_each_setting_it_names_with_the_same_default() -> None:

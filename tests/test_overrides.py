@@ -271,12 +271,12 @@ def test_an_app_guarded_in_process_applies_the_overrides_of_its_redis(tmp_path: 
 def test_an_override_on_the_embedded_redis_without_data_dir_says_it_will_not_survive(
         tmp_path: Path, upstream: Upstream) -> None:
     """Issue 33: overrides set on `make run` were gone after a restart and the answer did not say
-    so. With the embedded Redis and no --data-dir the PUT says it (and the log); with one it does not."""
+    so. With the embedded Redis started --ephemeral the PUT says it (and the log); kept, it does not."""
     config = routes(upstream, f"o{uuid.uuid4().hex[:8]}")
     for data_dir in (None, tmp_path / "state"):
         workdir = tmp_path / ("volatile" if data_dir is None else "kept")
         workdir.mkdir()
-        args = ("--data-dir", str(data_dir)) if data_dir is not None else ()
+        args = ("--data-dir", str(data_dir)) if data_dir is not None else ("--ephemeral",)
         gateway = GatewayProcess(config, workdir, args=args)
         gateway.start()
         try:
@@ -284,7 +284,7 @@ def test_an_override_on_the_embedded_redis_without_data_dir_says_it_will_not_sur
             assert answer.status_code == 200, answer.text
             if data_dir is None:
                 assert answer.json()["survives_restart"] is False
-                assert "--data-dir" in answer.json()["warning"]
+                assert "--ephemeral" in answer.json()["warning"]
             else:
                 assert "warning" not in answer.json()
         finally:
