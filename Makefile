@@ -28,8 +28,9 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The backend and the gateway, stopped together by a signal to make, to the script or to the group
-# (scripts/run.py says how). RUN_ARGS: e.g. --port 8081 --admin-port 9091 --backend-port 9001
-RUN_ARGS ?=
+# (scripts/run.py says how). RUN_ARGS: e.g. --port 8081 --admin-port 9091 --backend-port 9001; the proxy
+# port listens on this machine only unless --host says otherwise (--host 0.0.0.0: every interface)
+RUN_ARGS ?= --host 127.0.0.1
 run: $(RUN_STAMP)
 	exec $(PY) scripts/run.py $(RUN_ARGS)
 

@@ -27,11 +27,11 @@ class Accounting:
         route = result.route
         outcome, decided_by = result.outcome, result.decided_by
         rule, identity = (result.rule, result.identity) if isinstance(result, Answer) else ("", "")
-        if route:
-            metrics.requests(route, str(outcome), str(decided_by)).inc()  # plain strs: an Enum hashes in Python
-            metrics.responses(route, str(status)).inc()
-            if outcome is RequestOutcome.REFUSED:
-                self.top.record(route, rule, identity)
+        # every request once, those no route took (route="": 404, 405, an unknown API key's 401) too
+        metrics.requests(route, str(outcome), str(decided_by)).inc()  # plain strs: an Enum hashes in Python
+        metrics.responses(route, str(status)).inc()
+        if route and outcome is RequestOutcome.REFUSED:
+            self.top.record(route, rule, identity)
         if config.access_log:
             access_log.info(json.dumps({
                 "request_id": request_id.decode("latin-1"),

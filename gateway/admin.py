@@ -47,21 +47,23 @@ from starlette.routing import Route
 
 from gateway import metrics
 from gateway.admin_common import (
-    ADMIN_BODY_TIMEOUT,
     MAX_OVERRIDE_BODY,
     AdminControl,
-    TooLarge,
-    bounded_body,
+    admin_body,
+    is_cursor,
     problem_response,
+    query_bytes,
     runtime_of,
     write_refusal,
 )
 from gateway.admin_keys import key_routes
+from gateway.api_keys import from_fingerprint
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.errors import ConfigError, RedisUnavailable
-from gateway.keys import identity_token
-from gateway.limiter import Decision, Outcome, RuleSpec
-from gateway.overrides import OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
+from gateway.keys import identity_token, secret_part, shard_of
+from gateway.limiter import Decision, Limiter, Outcome, RuleSpec
+from gateway.overrides import COMMAND, OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
+from gateway.overrides import SUFFIX as OVERRIDES_SUFFIX
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 from gateway.which_redis import needs_embedded_redis
@@ -109,8 +111,17 @@ def rule_parameters(rule: Rule) -> dict[str, Any]:
                        "default": rule.cost, "settle": "response_json:" + ".".join(rule.settle_field)}
     for name in ("count_on", "refund_on"):
         if getattr(rule, name):
-            out[name] = sorted(getattr(rule, name))
+            out[name] = _statuses(getattr(rule, name))
     out.update(status=rule.status, shadow=rule.shadow, on_missing=rule.on_missing)
+    return out
+
+
+def _statuses(codes: frozenset[int]) -> list[int | str]:
+    """Statuses as the file writes them: a whole class as `5xx`, others one by one."""
+    out: list[int | str] = []
+    for first in range(100, 600, 100):
+        covered = sorted(code for code in codes if first <= code < first + 100)
+        out += [f"{first // 100}xx"] if len(covered) == 100 else covered
     return out
 
 
@@ -194,20 +205,24 @@ def admin_app(control: AdminControl) -> Starlette:
                 return refused
         rule = plan.rules[index]
         values = _key_values(request, rule)
+        identity: str | None = None
         if _is_token(values, rule) and plan.shards == 1:
-            token = values[0].decode()  # an identity token, as the access log and GET /top name it
+            token = values[0].decode()  # a key's digest, as the Redis key ends
         elif len(values) != len(rule.by):
             sources = ", ".join(str(s) for s in rule.by) or "none"
-            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
-                                         "or one identity token from the access log or /top")
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}): the "
+                                         "value, or a secret one's fingerprint kf_..., or the identity as "
+                                         "the access log and /top show it")
         else:
+            values = _as_counted(values, rule)
             token = identity_token(values, rule.readable_identity)
+            identity = _shown(values, rule)
         split = plan.route.split[index]
         if split:  # a share of the rule in every shard
             shards = list(range(plan.shards))
         else:  # one shard: the one the first rule's identity, read from this key's, picks
             first = plan.rules[0].by
-            shards = [plan.shard_of([values[rule.by.index(s)] for s in first])] if plan.shards > 1 else [0]
+            shards = [shard_of([values[rule.by.index(s)] for s in first], plan.shards)] if plan.shards > 1 else [0]
         keys = [plan.shard_prefix_keys[shard][index] + token for shard in shards]
         # this identity's override, as this worker applies it (gateway/overrides.py)
         override = overridden(runtime.overrides.get(route_name), index, token)
@@ -222,7 +237,7 @@ def admin_app(control: AdminControl) -> Starlette:
                 for key in keys:  # this worker's memory; others hold theirs until the retry
                     runtime.refusals.forget_key(key)
                 body: dict[str, Any] = {"route": route_name, "rule": rule_name, "key": keys[0],
-                                        "reset": any(deleted)}
+                                        "identity": identity, "reset": any(deleted)}
                 if split:
                     body.update(key=None, keys=len(keys), reset_shards=sum(deleted))
                 return JSONResponse(body)
@@ -250,6 +265,7 @@ def admin_app(control: AdminControl) -> Starlette:
             "rule": rule_name,
             "algorithm": rule.algorithm,
             "key": keys[0],
+            "identity": identity,
             "limit": override.rule.quota_size if override and override.rule else rule.quota_size,
             "remaining": sum(state.remaining for state in found),
             "reset_ms": -1 if min(resets) < 0 else max(resets),
@@ -289,8 +305,10 @@ def admin_app(control: AdminControl) -> Starlette:
         rules = [(route, rule) for route in runtime.config.limited_routes for rule in route.limits]
         limit = _page_limit(request)
         at, _, cursor = request.query_params.get("cursor", "0.0").partition(".")
-        if limit is None or not (_whole(at) and _whole(cursor)):
-            return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+        if not (_whole(at) and len(at) < 8 and is_cursor(cursor)):
+            return problem_response(400, "cursor: is the next_cursor of the page before", field="cursor")
+        if limit is None:
+            return problem_response(400, f"limit: is a whole number from 1 to {PAGE_LIMIT}", field="limit")
         index, listed = int(at), list[dict[str, Any]]()
         try:
             counts = await _each(rules, lambda rr: store.count(rr[0].name, rr[1].name))
@@ -298,8 +316,9 @@ def admin_app(control: AdminControl) -> Starlette:
                 route, rule = rules[index]
                 nxt, pairs = ("0", []) if not counts[index] else await store.page(
                     route.name, rule.name, cursor, limit - len(listed))
-                listed += [{"route": route.name, "rule": rule.name, "key": token, "override": json.loads(text)}
-                           for token, text in pairs]
+                shown = await Shown(runtime.limiter, store, route.name, rule.name).of([t for t, _ in pairs])
+                listed += [{"route": route.name, "rule": rule.name, "key": key, "token": token,
+                            "override": json.loads(text)} for (token, text), key in zip(pairs, shown, strict=True)]
                 index, cursor = (index + 1, "0") if nxt == "0" else (index, nxt)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
@@ -330,31 +349,29 @@ def admin_app(control: AdminControl) -> Starlette:
         if request.method == "PUT" and rule.shared:  # kept per route, it would give one counter two limits
             return problem_response(409, f"rule {rule_name!r} is a shared rule, one counter for every route "
                                          "that uses it: its numbers are the file's for every identity", **where)
-        token = _override_token(request, rule)
-        if token is None:
+        given = _override_token(request, rule)
+        if given is None:
             sources = ", ".join(str(s) for s in rule.by) or "none: give key= empty"
-            return problem_response(400, f"give one key= per identity source of the rule ({sources}), "
-                                         "or one identity token from the access log or /top")
+            return problem_response(400, f"give one key= per identity source of the rule ({sources}): the "
+                                         "value, or a secret one's fingerprint kf_..., or the identity as "
+                                         "the access log and /top show it")
+        token, identity = given
+        names = Shown(runtime.limiter, store, route_name, rule_name)
         try:
             if request.method == "GET":
                 text = await store.get(route_name, rule_name, token)
                 if text is None:
                     return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
-                return JSONResponse(where | {"key": token, "override": json.loads(text)})
+                identity = (await names.of([token]))[0] if identity is None else identity
+                return JSONResponse(where | {"key": identity, "token": token, "override": json.loads(text)})
             if request.method == "DELETE":
                 if not await store.delete(route_name, rule_name, token):
                     return problem_response(404, f"no override of {route_name}/{rule_name} for this key", **where)
-                return JSONResponse(where | {"key": token, "deleted": True})
-            try:
-                raw = await bounded_body(request, MAX_OVERRIDE_BODY, ADMIN_BODY_TIMEOUT)
-            except TooLarge:
-                response = problem_response(413, f"an override's body is at most {MAX_OVERRIDE_BODY} bytes")
-                response.headers["connection"] = "close"  # the rest of it is not read
-                return response
-            except TimeoutError:
-                response = problem_response(408, f"the body did not arrive within {ADMIN_BODY_TIMEOUT:.0f}s")
-                response.headers["connection"] = "close"
-                return response
+                await names.forget(token)
+                return JSONResponse(where | {"key": identity or token, "token": token, "deleted": True})
+            raw = await admin_body(request, MAX_OVERRIDE_BODY)
+            if isinstance(raw, Response):
+                return raw
             try:
                 body = json.loads(raw)
                 parsed = parse_override(rule, body)
@@ -369,13 +386,16 @@ def admin_app(control: AdminControl) -> Starlette:
                 return problem_response(
                     409, f"rule {route_name}/{rule_name} holds its max_overrides ({rule.max_overrides}) "
                          "overrides already: delete some, or raise max_overrides in the file", **where)
+            if identity:
+                await names.remember(token, identity)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
-        answer = where | {"key": token, "override": body, "applies_within_seconds": 2}
+        answer = where | {"key": identity or token, "token": token, "override": body, "applies_within_seconds": 2}
         settings = control.settings
-        if needs_embedded_redis(settings, runtime.config) and settings.data_dir is None:
-            warning = ("the embedded Redis keeps this override in memory only: it is gone when the gateway "
-                       "stops (serve --data-dir DIR keeps it, or set a Redis URL)")
+        if needs_embedded_redis(settings, runtime.config) and settings.ephemeral:
+            warning = ("the embedded Redis keeps this override in memory only (--ephemeral, or no state "
+                       "directory: see the start-up log): it is gone when "
+                       "the gateway stops (serve without --ephemeral keeps it, or set a Redis URL)")
             log.warning("override of %s/%s set: %s", route_name, rule_name, warning)
             answer |= {"survives_restart": False, "warning": warning}
         return JSONResponse(answer)
@@ -412,30 +432,78 @@ PAGE_LIMIT = 1000  # overrides listed at most per page
 
 
 def _key_values(request: Request, rule: Rule) -> list[bytes]:
-    """`key=` as given: one value per identity source, or one identity token (a readable token of
-    several parts, as the access log names it, split into its parts)."""
-    values = [v.encode() for v in request.query_params.getlist("key")]
+    """`key=` as given, as bytes (%FF is 0xFF): one value per identity source, or one identity as
+    the access log and /top show it (several parts joined by ':', split into its parts)."""
+    values = query_bytes(request, "key")
     if len(values) == 1 and len(rule.by) > 1 and values[0].count(b":") == len(rule.by) - 1:
         return values[0].split(b":")
     return values
 
 
+def _as_counted(values: list[bytes], rule: Rule) -> list[bytes]:
+    """Each value as its rule counts it (gateway.keys.canonical_parts): a secret source's as its
+    fingerprint (given as one, or as the value), a query parameter's as gateway/identity.py reads it."""
+    out = []
+    for value, source in zip(values, rule.by, strict=True):
+        if source.kind == "query":
+            value = value.decode("utf-8", "replace").encode().strip(b" \t")
+        if source.secret and from_fingerprint(value.decode("latin-1")) is None:
+            value = secret_part(value)
+        out.append(value)
+    return out
+
+
+def _shown(values: list[bytes], rule: Rule) -> str | None:
+    """The identity as logs and /top show it, from values `_as_counted` (None for a digest)."""
+    if len(values) != len(rule.by):
+        return None
+    return ":".join(value.decode("utf-8", "backslashreplace") for value in values)
+
+
 def _is_token(values: list[bytes], rule: Rule) -> bool:
-    """Whether `key=` is an identity token in its digest form, as the access log and /top name it."""
+    """Whether `key=` is an identity's digest, as a Redis key ends."""
     return len(values) == 1 and bool(rule.by) and _TOKEN.match(values[0]) is not None
 
 
-def _override_token(request: Request, rule: Rule) -> str | None:
-    """The identity token `key=` names for `rule` (its values, one per source, or an identity
-    token as the access log and /top name it); None if it names none."""
+def _override_token(request: Request, rule: Rule) -> tuple[str, str | None] | None:
+    """The identity token `key=` names for `rule` (its values, one per source, or the identity as
+    the access log and /top show it, or its digest), with the identity as shown; None if it names none."""
     values = _key_values(request, rule)
     if _is_token(values, rule):
-        return values[0].decode()
+        return values[0].decode(), None
     if not rule.by and values in ([], [b""]):
-        return identity_token([], rule.readable_identity)
+        return identity_token([], rule.readable_identity), ""
     if len(values) != len(rule.by):
         return None
-    return identity_token(values, rule.readable_identity)
+    values = _as_counted(values, rule)
+    return identity_token(values, rule.readable_identity), _shown(values, rule)
+
+
+class Shown:
+    """The identities a rule's overrides are shown as (gateway.keys.shown: a user id as it came, a
+    secret as its fingerprint), kept beside them as the PUT named them: the override itself is
+    keyed by a digest. An override written before this was kept shows its digest."""
+
+    def __init__(self, limiter: Limiter, store: Store, route: str, rule: str) -> None:
+        self.limiter = limiter
+        self.key = store.hash_key(route, rule).removesuffix(OVERRIDES_SUFFIX) + "~shown"
+
+    async def _command(self, *args: str) -> Any:
+        return await self.limiter.run_script(COMMAND, [self.key], list(args))
+
+    async def remember(self, token: str, identity: str) -> None:
+        if identity != token:
+            await self._command("HSET", token, identity)
+
+    async def forget(self, token: str) -> None:
+        await self._command("HDEL", token)
+
+    async def of(self, tokens: list[str]) -> list[str]:
+        if not tokens:
+            return []
+        found = await self._command("HMGET", *tokens)
+        return [token if value is None else (value.decode() if isinstance(value, bytes) else str(value))
+                for token, value in zip(tokens, found, strict=True)]
 
 
 def _whole(text: str) -> bool:
@@ -453,16 +521,20 @@ def _page_limit(request: Request) -> int | None:
 async def _override_page(store: Store, where: dict[str, str], request: Request) -> Response:
     cursor = request.query_params.get("cursor", "0") or "0"
     limit = _page_limit(request)
-    if not _whole(cursor) or limit is None:
-        return problem_response(400, f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+    if not is_cursor(cursor):
+        return problem_response(400, "cursor: is the next_cursor of the page before", field="cursor")
+    if limit is None:
+        return problem_response(400, f"limit: is a whole number from 1 to {PAGE_LIMIT}", field="limit")
     try:
         nxt, pairs = await store.page(where["route"], where["rule"], cursor, limit)
         count = await store.count(where["route"], where["rule"])
+        shown = await Shown(store.limiter, store, where["route"], where["rule"]).of([t for t, _ in pairs])
     except RedisUnavailable as exc:
         return problem_response(503, f"Redis is unavailable: {exc}")
     return JSONResponse(where | {
         "count": count,
-        "overrides": [{"key": token, "override": json.loads(text)} for token, text in pairs],
+        "overrides": [{"key": key, "token": token, "override": json.loads(text)}
+                      for (token, text), key in zip(pairs, shown, strict=True)],
         "next_cursor": None if nxt == "0" else nxt,
     })
 

@@ -8,6 +8,7 @@ import hmac
 import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import unquote_to_bytes
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -109,7 +110,7 @@ class TooLarge(Exception):
 
 async def bounded_body(request: Request, limit: int, timeout: float) -> bytes:
     """The body, read no further than `limit` bytes (a larger declared length is refused before
-    any of it is read) and within `timeout`. Raises _TooLarge or TimeoutError."""
+    any of it is read) and within `timeout`. Raises TooLarge or TimeoutError."""
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise TooLarge
@@ -120,6 +121,41 @@ async def bounded_body(request: Request, limit: int, timeout: float) -> bytes:
             if len(body) > limit:
                 raise TooLarge
     return bytes(body)
+
+
+async def admin_body(request: Request, limit: int) -> bytes | Response:
+    """The body of an admin write (`bounded_body` within ADMIN_BODY_TIMEOUT), or the answer that
+    refuses it: 413 past `limit`, 408 when it stalls; both close the connection, the rest unread."""
+    try:
+        return await bounded_body(request, limit, ADMIN_BODY_TIMEOUT)
+    except TooLarge:
+        response = problem_response(413, f"the body is at most {limit} bytes")
+    except TimeoutError:
+        response = problem_response(408, f"the body did not arrive within {ADMIN_BODY_TIMEOUT:.0f}s")
+    response.headers["connection"] = "close"
+    return response
+
+
+MAX_CURSOR = 2**64  # Redis's SCAN cursors are unsigned 64-bit numbers
+
+
+def is_cursor(text: str) -> bool:
+    """A cursor Redis can take: ASCII digits (str.isdigit() also takes '²') below 2**64."""
+    return text.isascii() and text.isdigit() and len(text) <= 20 and int(text) < MAX_CURSOR
+
+
+def query_bytes(request: Request, name: str) -> list[bytes]:
+    """Every value of one query parameter as the bytes it escapes: `%FF` is the byte 0xFF, where
+    Starlette's query_params decode it as UTF-8 and would make it U+FFFD."""
+    wanted = name.encode()
+    values = []
+    for pair in request.scope.get("query_string", b"").split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if unquote_to_bytes(key.replace(b"+", b" ")) == wanted:
+            values.append(unquote_to_bytes(value.replace(b"+", b" ")))
+    return values
+
+
 def runtime_of(control: AdminControl) -> Runtime:
     runtime = control.runtime
     if runtime is None:

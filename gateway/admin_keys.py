@@ -1,19 +1,23 @@
 """The admin port's /keys: API keys and their plans (gateway/api_keys.py).
 
     PUT    /keys?key=K          {"plan": "pro"}: register K (or move it to another plan)
-    GET    /keys?key=K          its plan (K, or its fingerprint kf_...)
+    GET    /keys?key=K          its plan
     DELETE /keys?key=K          remove it
     GET    /keys?plan=pro       the plan's keys, fingerprints only, a page at a time (?cursor=&limit=)
     POST   /keys                {"keys": [{"key": K, "plan": P}, ...]}: many at once, all or none
 
-A write with a plan not in `keys.plans`, an empty or oversized key, or a bulk body past its bound is
-a 400 naming the problem, and changes nothing. Writes need the admin token as every admin write.
-Every gateway applies a change within about a second (the change signal, gateway/overrides.py).
+K is the key's bytes as the client sends them (percent-escaped), or its fingerprint kf_...: the key
+itself is tried first, so a key shaped like a fingerprint is still named by its own value.
+A write with a plan not in `keys.plans`, or an empty or oversized key, is a 400 naming the problem,
+and changes nothing; a body past its bound a 413, a stalled one a 408. Writes need the admin token as
+every admin write. Every gateway applies a change within about a second (the change signal,
+gateway/overrides.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -21,21 +25,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin_common import (
-    ADMIN_BODY_TIMEOUT,
     AdminControl,
-    TooLarge,
-    bounded_body,
+    admin_body,
+    is_cursor,
     problem_response,
+    query_bytes,
     runtime_of,
     write_refusal,
 )
 from gateway.api_keys import MAX_BULK, MAX_KEY_BYTES, KeyStore, digest, fingerprint, from_fingerprint
-from gateway.config import KeysSettings
+from gateway.config import KeysSettings, Source
 from gateway.errors import RedisUnavailable
 from gateway.overrides import Store
+from gateway.which_redis import needs_embedded_redis
 
+log = logging.getLogger("gateway.admin")
 MAX_BULK_BODY = 2 * 1024 * 1024  # bytes of a POST /keys
 PAGE_LIMIT = 1000
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        super().__init__()
+        self.response = response
 
 
 class _Invalid(ValueError):
@@ -44,15 +56,25 @@ class _Invalid(ValueError):
         self.field = field
 
 
-def _key_digest(text: str, may_be_fingerprint: bool = True) -> int:
-    if may_be_fingerprint and (value := from_fingerprint(text)) is not None:
-        return value
-    raw = text.encode("utf-8", "surrogateescape")
+def _key_bytes(raw: bytes, source: Source) -> bytes:
+    """A key as the `keys:` source will read it from a request: surrounding whitespace trimmed, and
+    a query parameter's invalid UTF-8 as U+FFFD (gateway/identity.py reads queries so)."""
     if not raw.strip():
         raise _Invalid("key", "is empty")
     if len(raw) > MAX_KEY_BYTES:
         raise _Invalid("key", f"is longer than {MAX_KEY_BYTES} bytes")
-    return digest(raw.strip(b" \t"))  # as the identity source reads it: surrounding whitespace trimmed
+    if source.kind == "query":
+        raw = raw.decode("utf-8", "replace").encode()
+    return raw.strip(b" \t")
+
+
+def _named(raw: bytes, source: Source) -> list[int]:
+    """The digests `key=` may name, in the order they are tried: the key itself, then, when it is
+    shaped like one, the fingerprint's (a key that looks like a fingerprint is still its own)."""
+    named = [digest(_key_bytes(raw, source))]
+    if (value := from_fingerprint(raw.decode("latin-1"))) is not None:
+        named.append(value)
+    return named
 
 
 def _plan(settings: KeysSettings, value: Any) -> str:
@@ -69,18 +91,35 @@ def key_routes(control: AdminControl) -> list[Route]:
             return problem_response(404, "this configuration has no keys: section")
         return settings, KeyStore(runtime.limiter, runtime.redis.key_prefix)
 
+    def kept_in_memory() -> dict[str, Any]:
+        """What a write's answer adds when the embedded Redis was started --ephemeral."""
+        settings = control.settings
+        if not (settings.ephemeral and needs_embedded_redis(settings, runtime_of(control).config)):
+            return {}
+        warning = ("the embedded Redis keeps keys in memory only (--ephemeral, or no state directory: see the start-up "
+                   "log): they are gone when the "
+                   "gateway stops (serve without --ephemeral keeps them, or set a Redis URL)")
+        log.warning("API keys written: %s", warning)
+        return {"survives_restart": False, "warning": warning}
+
     async def signalled(store: KeyStore) -> None:
         await Store(store.limiter, store.prefix).changed()
 
     async def body_of(request: Request, limit: int) -> Any:
-        try:
-            raw = await bounded_body(request, limit, ADMIN_BODY_TIMEOUT)
-        except TooLarge:
-            raise _Invalid("", f"the body is at most {limit} bytes") from None
+        raw = await admin_body(request, limit)
+        if isinstance(raw, Response):
+            raise _Refused(raw)
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):
             raise _Invalid("", "the body must be JSON") from None
+
+    async def existing(store: KeyStore, named: list[int]) -> tuple[int, str | None]:
+        """The first of `named` that is registered, with its plan; else the last, with None."""
+        for value in named:
+            if (plan := await store.plan(value)) is not None:
+                return value, plan
+        return named[-1], None
 
     async def one(request: Request) -> Response:
         found = setup(request)
@@ -92,27 +131,32 @@ def key_routes(control: AdminControl) -> list[Route]:
         try:
             if request.method == "GET" and "key" not in request.query_params:
                 return await by_plan(request, settings, store)
-            if "key" not in request.query_params:
-                raise _Invalid("key", "give key= (the key, or its fingerprint kf_...)")
-            value = _key_digest(request.query_params["key"], request.method != "PUT")
+            given = query_bytes(request, "key")
+            if len(given) != 1:
+                raise _Invalid("key", "give one key= (the key, or its fingerprint kf_...)")
+            named = _named(given[0], settings.source)
+            value, plan = await existing(store, named)
             if request.method == "GET":
-                plan = await store.plan(value)
                 if plan is None:
                     return problem_response(404, "no such key", key=fingerprint(value))
                 return JSONResponse({"key": fingerprint(value), "plan": plan})
             if request.method == "DELETE":
-                _, before = await store.write({value: None})
-                if not before:
+                if plan is None:
                     return problem_response(404, "no such key", key=fingerprint(value))
+                await store.write({value: None})
                 await signalled(store)
                 return JSONResponse({"key": fingerprint(value), "deleted": True})
             body = await body_of(request, 4096)
             if not isinstance(body, dict) or set(body) != {"plan"}:
                 raise _Invalid("plan", 'the body is {"plan": NAME}')
+            if plan is None:
+                value = named[0]  # a new key: registered as given, even one shaped like a fingerprint
             plan = _plan(settings, body["plan"])
             await store.write({value: plan})
             await signalled(store)
-            return JSONResponse({"key": fingerprint(value), "plan": plan})
+            return JSONResponse({"key": fingerprint(value), "plan": plan} | kept_in_memory())
+        except _Refused as exc:
+            return exc.response
         except _Invalid as exc:
             return problem_response(400, f"{exc.field}: {exc}" if exc.field else str(exc), field=exc.field)
         except RedisUnavailable as exc:
@@ -123,8 +167,10 @@ def key_routes(control: AdminControl) -> list[Route]:
         cursor = request.query_params.get("cursor", "0") or "0"
         text = request.query_params.get("limit", "100")
         limit = int(text) if text.isascii() and text.isdigit() and len(text) < 6 else 0
-        if not (cursor.isascii() and cursor.isdigit()) or not 0 < limit <= PAGE_LIMIT:
-            raise _Invalid("cursor", f"cursor is the next_cursor of the page before, limit 1 to {PAGE_LIMIT}")
+        if not is_cursor(cursor):
+            raise _Invalid("cursor", "is the next_cursor of the page before")
+        if not 0 < limit <= PAGE_LIMIT:
+            raise _Invalid("limit", f"is a whole number from 1 to {PAGE_LIMIT}")
         nxt, pairs = await store.page(cursor, limit)
         return JSONResponse({"plan": plan, "keys": [fingerprint(v) for v, p in pairs if p == plan],
                              "next_cursor": None if nxt == "0" else nxt})
@@ -148,12 +194,15 @@ def key_routes(control: AdminControl) -> list[Route]:
                 if not isinstance(item, dict) or set(item) != {"key", "plan"} or not isinstance(item["key"], str):
                     raise _Invalid(f"keys[{n}]", 'each is {"key": KEY, "plan": PLAN}')
                 try:
-                    entries[_key_digest(item["key"], may_be_fingerprint=False)] = _plan(settings, item["plan"])
+                    key = _key_bytes(item["key"].encode("utf-8", "surrogateescape"), settings.source)
+                    entries[digest(key)] = _plan(settings, item["plan"])
                 except _Invalid as exc:
                     raise _Invalid(f"keys[{n}].{exc.field}", str(exc)) from None
             await store.write(entries)  # one call: all or none
             await signalled(store)
-            return JSONResponse({"written": len(entries)})
+            return JSONResponse({"written": len(entries)} | kept_in_memory())
+        except _Refused as exc:
+            return exc.response
         except _Invalid as exc:
             return problem_response(400, f"{exc.field}: {exc}" if exc.field else str(exc), field=exc.field)
         except RedisUnavailable as exc:

@@ -13,15 +13,17 @@ numbers for 1M keys).
 from __future__ import annotations
 
 import bisect
-import hashlib
 from array import array
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from gateway.keys import FINGERPRINT, digest, fingerprint, from_fingerprint
 from gateway.scripts import Script
 
 if TYPE_CHECKING:
     from gateway.limiter import Limiter
+
+__all__ = ["FINGERPRINT", "KeyStore", "KeyTable", "digest", "fingerprint", "from_fingerprint"]
 
 WRITE = Script("keys_write")
 CHANGED = Script("overrides_changes")  # the same list-and-version layout as a rule's overrides
@@ -29,25 +31,6 @@ CHANGES = 1000  # changes listed; a worker further behind reads the hash whole
 PAGE = 10_000   # keys read per call when read whole
 MAX_KEY_BYTES = 1024
 MAX_BULK = 10_000  # keys in one POST /keys
-FINGERPRINT = "kf_"
-
-
-def digest(key: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"rlgw-api-key").digest(), "big")
-
-
-def fingerprint(value: int) -> str:
-    return f"{FINGERPRINT}{value:016x}"
-
-
-def from_fingerprint(text: str) -> int | None:
-    """The digest a fingerprint names, or None if `text` is none."""
-    if len(text) == len(FINGERPRINT) + 16 and text.startswith(FINGERPRINT):
-        try:
-            return int(text[len(FINGERPRINT):], 16)
-        except ValueError:
-            return None
-    return None
 
 
 class KeyTable:

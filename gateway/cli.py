@@ -28,10 +28,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the gateway")
     for option in OPTIONS:
-        if option.flag is not None:
+        if option.flag is not None and option.switch:
+            serve.add_argument(option.flag, action="store_true", default=None, dest=option.field,
+                               help=f"{option.help} (env {option.env}=1)")
+        elif option.flag is not None:
             serve.add_argument(option.flag, type=option.kind, dest=option.field, metavar=option.shown_metavar,
                                help=f"{option.help} (env {option.env}; default {option.shown_default()})")
     check = sub.add_parser("check", help="validate a routes.yaml; exit 0, or 2 with every error")
+    for option in OPTIONS:  # the ports that change what a file may hold, as serve takes them
+        if option.flag is not None and option.field in ("check_port", "rls_port"):
+            check.add_argument(option.flag, type=option.kind, dest=option.field, metavar=option.shown_metavar,
+                               help=f"validate as serve would with it given (env {option.env})")
     check.add_argument("config", nargs="?", help="path to routes.yaml (default: as serve, GATEWAY_CONFIG "
                        "or routes.yaml)")
     return parser
@@ -40,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
-        return check(args.config or os.environ.get("GATEWAY_CONFIG") or Settings().config_path)
+        check_port = args.check_port is not None or bool(os.environ.get("GATEWAY_CHECK_PORT"))
+        return check(args.config or os.environ.get("GATEWAY_CONFIG") or Settings().config_path, check_port)
     try:
         settings = resolve_settings(args, os.environ)
     except ValueError as exc:
@@ -52,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def resolve_settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """Defaults, then the environment, then flags."""
     flags = {option.field: getattr(args, option.field) for option in OPTIONS if option.flag is not None}
-    return replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+    settings = replace(from_env(env), **{k: v for k, v in flags.items() if v is not None})
+    if settings.ephemeral and settings.data_dir is not None:
+        raise ValueError("--ephemeral and --data-dir exclude each other: state in memory, or kept in DIR")
+    return settings
 
 
 def gateway_version() -> str:
@@ -66,13 +77,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return _parser().parse_args(argv)
 
 
-def check(path: str) -> int:
+def check(path: str, check_port: bool = False) -> int:
+    """Validate as `serve` reads the file: with the check port on (`check_port`, or a `check:`
+    section in the file), every rule must be decidable there."""
     if not os.path.exists(path):
         print(f"gateway: no routes file at {os.path.abspath(path)}; "
               "pass its path (or set GATEWAY_CONFIG)", file=sys.stderr)
         return 2
-    try:  # with GATEWAY_CHECK_PORT set, as `serve` will read it with the check port on
-        config = load_config(path, decision_only=bool(os.environ.get("GATEWAY_CHECK_PORT")))
+    try:
+        config = load_config(path, decision_only=check_port)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

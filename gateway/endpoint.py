@@ -60,6 +60,9 @@ class ProxyEndpoint:
                     if result.plan.route.respond is not None:  # respond: usage, answered here
                         status, headers, body = await usage_answer(runtime, result)
                         status = await _reply(send, (status, [*result.headers, *headers], body), request_id)
+                    elif result.plan.client is None:  # a route of a file written for the check port
+                        detail = f"route '{result.route}' has no upstream: it is decided on the check port"
+                        status = await _reply(send, problem(502, detail, route=result.route), request_id)
                     elif not after.settles and not result.request.upgrade:  # the common case, directly
                         status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout,
                                                       None)

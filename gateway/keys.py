@@ -24,8 +24,13 @@ short and made of safe characters (`[A-Za-z0-9._-]`, no separator, no brace); an
 `~` + a 120-bit BLAKE2b digest of the length-prefixed parts; a rule without identity parts gets `~`
 alone. So no two different identities share a key, no client can inject a tag or a separator, no
 key is longer than a fixed bound, and no header, cookie or query value, API key or claim is written
-as it came to a Redis key, the access log or /top: they show the digest, its fingerprint, which the
-admin port takes in place of the value.
+as it came to a Redis key.
+
+A secret source's value (Source.secret: the API key, Authorization, a name that says credential,
+`secret: true`) enters its key as its fingerprint, `kf_` and 16 hex digits (`secret_part`), the
+one /keys shows: an operator who has only the fingerprint can still name the key's counters and
+overrides. Logs, /top and the admin port show an identity with `shown()`: secret values as that
+fingerprint, every other value (a user id, an address) as it came.
 """
 
 from __future__ import annotations
@@ -36,11 +41,68 @@ import functools
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from gateway.config import Rule
 
 SLOTS = 16384  # Redis Cluster's hash slots
 
 _SAFE = re.compile(rb"^[A-Za-z0-9._-]{1,32}$")
 MAX_READABLE = 48
+
+
+FINGERPRINT = "kf_"
+
+
+def digest(key: bytes) -> int:
+    """A secret value's digest (an API key's, as /keys stores it): BLAKE2b-64, personalised."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8, person=b"rlgw-api-key").digest(), "big")
+
+
+def fingerprint(value: int) -> str:
+    return f"{FINGERPRINT}{value:016x}"
+
+
+def from_fingerprint(text: str) -> int | None:
+    """The digest a fingerprint names, or None if `text` is none."""
+    if len(text) == len(FINGERPRINT) + 16 and text.startswith(FINGERPRINT):
+        try:
+            return int(text[len(FINGERPRINT):], 16)
+        except ValueError:
+            return None
+    return None
+
+
+class KeyForm(NamedTuple):
+    """How one rule's identity parts are written: `readable` (Rule.readable_identity) and, per
+    source, whether its values are secret (Source.secret)."""
+
+    readable: bool
+    secret: tuple[bool, ...]
+
+
+def key_form(rule: Rule) -> KeyForm:
+    return KeyForm(rule.readable_identity, tuple(source.secret for source in rule.by))
+
+
+def secret_part(value: bytes) -> bytes:
+    """What a secret source's value is counted and shown as: its fingerprint (gateway/api_keys.py),
+    which an operator may give in place of the value, as for /keys."""
+    return fingerprint(digest(value)).encode()
+
+
+def canonical_parts(parts: Sequence[bytes], form: KeyForm) -> Sequence[bytes]:
+    """The parts a key is made of: each secret source's value as its fingerprint."""
+    if not any(form.secret) or len(parts) != len(form.secret):  # on_missing: ip has a part of its own
+        return parts
+    return [secret_part(part) if secret else part for part, secret in zip(parts, form.secret, strict=True)]
+
+
+def shown(parts: Sequence[bytes], form: KeyForm) -> str:
+    """An identity as logs, /top and the admin port show it: secret values as their fingerprint,
+    everything else as it came (bytes outside UTF-8 as \\x escapes), parts joined by ':'."""
+    return ":".join(part.decode("utf-8", "backslashreplace") for part in canonical_parts(parts, form))
 
 
 def identity_token(parts: Sequence[bytes], readable: bool) -> str:
@@ -105,7 +167,7 @@ def shard_tags(route: str, shards: int) -> tuple[str, ...]:
     return tuple(tags)
 
 
-def rule_key(rule_prefix: str, parts: Sequence[bytes], readable: bool) -> str:
+def rule_key(rule_prefix: str, parts: Sequence[bytes], form: KeyForm) -> str:
     """A rule's key for one identity, from the rule's `state_key(prefix, route, rule, "")`
-    (computed once per route), the identity's parts and the rule's `readable_identity`."""
-    return rule_prefix + identity_token(parts, readable)
+    (computed once per route), the identity's parts and the rule's `key_form`."""
+    return rule_prefix + identity_token(canonical_parts(parts, form), form.readable)

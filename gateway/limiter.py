@@ -106,6 +106,10 @@ def parse_reply(reply: list[int], layout: Layout, costs: Sequence[int | None]) -
     retry = (head >> 9) - 1
     by = ((head >> 1) & 255) - 1
     by -= sum(1 for cost in costs[:by] if cost is None)
+    # the script reports a rule that would admit as if charged; a refused request was charged nothing
+    taking_part = [cost for cost in costs if cost is not None]
+    states = [state._replace(remaining=state.remaining + cost) if state.outcome is Outcome.ADMITS else state
+              for state, cost in zip(states, taking_part, strict=True)]
     return Decision(False, by, None if retry < 0 else retry, 0, tuple(states))
 
 

@@ -28,8 +28,9 @@ LATENCY_BUCKETS = (
 
 REQUESTS = Counter(
     "gateway_requests_total",
-    "Requests by route, how they ended (admitted, refused, failed_open: Redis down, forwarded "
-    "unlimited, failed_closed: Redis down, 503, bad_request, client_gone) and who decided (redis; "
+    "Every request once, by route (empty: none took it), how it ended (admitted, refused, "
+    "failed_open: Redis down, forwarded unlimited, failed_closed: Redis down, 503, bad_request, "
+    "client_gone, unknown_key: an API key's 401, no_route, method_not_allowed) and who decided (redis; "
     "memory: a refusal Redis gave, answered again from the worker's memory; none).",
     ["route", "outcome", "decided_by"],
 )
@@ -140,9 +141,12 @@ CONFIG_INFO = Gauge(
 
 
 def describe_rules(routes: Iterable[Any]) -> None:
-    """The configured limits as gauges (at start-up and after each reload)."""
-    RULE_LIMIT.clear()
-    RULE_WINDOW.clear()
+    """The configured limits as gauges (at start-up and after each reload). With several workers
+    prometheus_client cannot drop a label set from the files the others read (it warns, and does
+    nothing): a rule reloaded away keeps its last values there until the gateway restarts."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        RULE_LIMIT.clear()
+        RULE_WINDOW.clear()
     for route in routes:
         for rule in route.limits:
             RULE_LIMIT.labels(route.name, rule.name, str(rule.algorithm)).set(rule.quota_size)

@@ -60,7 +60,7 @@ class Answer:
     close: bool = False             # the framing is in doubt: end the connection after it
     request_id: bytes | None = None  # the client's X-Request-Id, when usable
     decided_by: DecidedBy = DecidedBy.NONE
-    identity: str = ""              # the refusing rule's identity token (GET /limits/{route}/{rule}?key=)
+    identity: str = ""              # the refusing rule's identity, shown (gateway.keys.shown): what key= takes
 
 
 @dataclass(slots=True)

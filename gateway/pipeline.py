@@ -27,7 +27,7 @@ from gateway.decision import decide as decide_rules
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
-from gateway.keys import rule_key
+from gateway.keys import rule_key, shown
 from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
@@ -121,7 +121,7 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
                    more_body: bool) -> Admit | Answer:
     """The request's rules, in one limiter call."""
     route = plan.route
-    rules, keys, costs, args, shard = identified
+    rules, keys, costs, args, shard, parts = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
     token = new_token() if plan.holds_slots else b""
@@ -134,9 +134,9 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
             return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
     if from_memory:
-        return _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
+        return _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
     if not decision.admitted:
-        return _refused(plan, rules, keys, decision, DecidedBy.REDIS, request.request_id)
+        return _refused(plan, rules, keys, parts, decision, DecidedBy.REDIS, request.request_id)
     headers = ratelimit_headers(route.headers, rules, decision)
     settlement = None
     if plan.settles:
@@ -174,7 +174,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
             return None  # no longer held: the whole way (the app reads the request itself)
         rendered = seen.rendered
         if rendered is None or rendered[0] != decision:  # the same decision is the same answer
-            answer = _refused(plan, seen.rules, seen.keys, decision, DecidedBy.MEMORY, seen.request_id)
+            answer = _refused(plan, seen.rules, seen.keys, seen.parts, decision, DecidedBy.MEMORY, seen.request_id)
             rendered = seen.rendered = decision, answer
         return rendered[1]
     step = _match(runtime, scope, limits)
@@ -184,15 +184,15 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _, _ = identify(plan, view, runtime.overrides.get(plan.route.name))
+        rules, keys, costs, _, _, parts = identify(plan, view, runtime.overrides.get(plan.route.name))
     except (IdentityMissing, BadRequest):
         return None
     decision = _held_decision(runtime, plan, rules, keys, costs)
     if decision is None:
         return None
-    answer = _refused(plan, rules, keys, decision, DecidedBy.MEMORY, request.request_id)
+    answer = _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
     if plan.repeatable:
-        seen = Seen(plan.route, rules, keys, costs, answer.request_id)
+        seen = Seen(plan.route, rules, keys, costs, answer.request_id, parts)
         seen.rendered = decision, answer
         runtime.repeats.put(key, seen)
     return answer
@@ -282,15 +282,17 @@ def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, reque
     return Answer(status, headers, body, outcome, route, rule, close, request_id)
 
 
-def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], decision: Decision, decided_by: DecidedBy,
-             request_id: bytes | None) -> Answer:
+def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], parts: list[list[bytes] | None],
+             decision: Decision, decided_by: DecidedBy, request_id: bytes | None) -> Answer:
     by = decision.refused_by
     assert by is not None
     rule = rules[by]
     status, headers, body = refusal(plan.route, rules, decision)
-    key = keys[next(i for i, r in enumerate(plan.rules) if r.name == rule.name)]  # rule: maybe overridden
+    at = next(i for i, r in enumerate(plan.rules) if r.name == rule.name)  # rule: maybe overridden
+    found = parts[at]
+    identity = shown(found, plan.readable[at]) if found is not None else identity_of(keys[at])
     return Answer(status, headers, body, RequestOutcome.REFUSED, plan.route.name, rule.name, False,
-                  usable_request_id(request_id), decided_by, identity_of(key))
+                  usable_request_id(request_id), decided_by, identity)
 
 
 class Identified(NamedTuple):
@@ -299,6 +301,7 @@ class Identified(NamedTuple):
     costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
     args: tuple[RuleSpec, ...]    # the specs of the request's shard
     shard: int
+    parts: list[list[bytes] | None]  # per rule of the route, its identity parts as read
 
 
 def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = None) -> Identified:
@@ -307,9 +310,11 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []
+    read: list[list[bytes] | None] = []
     args, prefix_keys, shard = plan.args, plan.prefix_keys, 0
     for i, rule in enumerate(plan.rules):
         parts = rule_identity(rule, view)
+        read.append(parts)
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
             shard = plan.shard_of(parts)
             args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
@@ -328,7 +333,7 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
         rules.append(rule)
         keys.append(key)
         costs.append(_cost(rule, view))
-    return Identified(rules, keys, costs, args, shard)
+    return Identified(rules, keys, costs, args, shard, read)
 
 
 def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: list[str],

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.config import Route, Rule
-from gateway.keys import SHARED_TAG, rule_segment, shard_of, shard_tags, state_key
+from gateway.keys import SHARED_TAG, KeyForm, canonical_parts, key_form, rule_segment, shard_of, shard_tags, state_key
 from gateway.limiter import RuleSpec, rule_spec
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ class RoutePlan:
     rules: tuple[Rule, ...]
     args: tuple[RuleSpec, ...]
     prefix_keys: tuple[str, ...]   # "<prefix>:{<route>}:<rule>:" per rule
-    readable: tuple[bool, ...]     # per rule, Rule.readable_identity (gateway/keys.py)
+    readable: tuple[KeyForm, ...]  # per rule, how its identity is written (gateway/keys.py)
     needs_body: bool
     client: UpstreamClient | None  # None: the middleware, which forwards to the app it wraps
     # shards: N > 1 (gateway.keys): per shard, each rule's spec (its share where split) and key prefix;
@@ -47,8 +47,11 @@ class RoutePlan:
         return self.route.shards
 
     def shard_of(self, first_parts: list[bytes] | None) -> int:
-        """The shard of a request whose first rule has these identity parts."""
-        return shard_of(first_parts or (), self.route.shards)
+        """The shard of a request whose first rule has these identity parts (as read: a secret
+        one counts as its fingerprint, so the admin port finds the shard from that alone)."""
+        if self.route.shards == 1 or not first_parts:
+            return 0 if self.route.shards == 1 else shard_of((), self.route.shards)
+        return shard_of(canonical_parts(first_parts, self.readable[0]), self.route.shards)
 
 
 def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> RoutePlan:
@@ -71,7 +74,7 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         rules=route.limits,
         args=shard_args[0],
         prefix_keys=shard_prefix_keys[0],
-        readable=tuple(rule.readable_identity for rule in route.limits),
+        readable=tuple(key_form(rule) for rule in route.limits),
         needs_body=any(s.kind == "body" for rule in route.limits for s in rule.by) or any(
             rule.reserve_field for rule in route.limits),
         client=client,

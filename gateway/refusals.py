@@ -34,7 +34,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_HOLD, LOCAL_REFUSALS_MAX, Algorithm, Rule
-from gateway.limiter import Decision, Outcome, RuleState
+from gateway.limiter import Decision, Outcome
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "LocalRefusals", "micros"]
 
@@ -53,49 +53,42 @@ def micros() -> int:
     return time.monotonic_ns() // 1000
 
 
-_PLACEHOLDER = RuleState(Outcome.ADMITS, 0, 0)  # other rules' states: a refusal names one rule only
-
-
 class _Held:
-    """One refusal of one identity at one cost: until when it holds, and the refusing rule's part of
-    what Redis said, as of when its reply arrived. Refusals of other costs of the same identity
-    chain on through `other`. Plain slots, no Decision kept: about 400 bytes less per entry.
+    """One refusal of one identity at one cost: until when it holds, and each rule's state as Redis
+    said it when its reply arrived (the rate-limit fields name every rule, not only the refusing
+    one). Refusals of other costs of the same identity chain on through `other`. Plain slots, no
+    Decision kept.
 
     Past `until` an entry stays as a marker: the identity was refused lately, so of the requests
     arriving together only one (the probe) asks Redis, the others wait for its answer."""
 
-    __slots__ = ("admitted_probes", "by", "costs", "other", "outcome", "probe", "received", "remaining",
-                 "reset", "retry", "rules", "until")
+    __slots__ = ("admitted_probes", "by", "costs", "other", "probe", "received", "retry", "states", "until")
 
     def __init__(self, costs: Costs, until: float, received: int, decision: Decision,
                  other: _Held | None) -> None:
         by = decision.refused_by
         assert by is not None
-        state = decision.rules[by]
         self.costs = costs
         self.until = until          # µs on the local clock; inf: for the life of the config
         self.received = received    # µs on the local clock
         self.by = by
-        self.rules = len(decision.rules)
         self.retry = decision.retry_after_ms
-        self.outcome = state.outcome
-        self.remaining = state.remaining
-        self.reset = state.reset_ms
+        self.states = decision.rules
         self.other = other
         self.probe: asyncio.Future[None] | None = None
         self.admitted_probes = 0
 
     def answer(self, now: int) -> Decision:
-        """What Redis would answer now: the same refusal, its retry and reset counted down."""
+        """What Redis would answer now: the same refusal, its retry and every rule's reset counted
+        down (what is left stays: nothing was admitted on these keys meanwhile, or they would be
+        forgotten)."""
         elapsed = (now - self.received) // 1000 if now > self.received else 0
-        retry, reset = self.retry, self.reset
+        retry = self.retry
         if retry is not None:
             retry = max(1, retry - elapsed)
-        if reset > 0:
-            reset = max(0, reset - elapsed)
-        states = [_PLACEHOLDER] * self.rules
-        states[self.by] = RuleState(self.outcome, self.remaining, reset)
-        return Decision(False, self.by, retry, 0, tuple(states))
+        states = tuple(state if state.reset_ms <= 0 else state._replace(reset_ms=max(0, state.reset_ms - elapsed))
+                       for state in self.states)
+        return Decision(False, self.by, retry, 0, states)
 
 
 class LocalRefusals:

@@ -49,11 +49,12 @@ class Seen:
     last refusal rendered for it, with the decision it rendered: the same decision (the same
     retry, to the millisecond) is the same bytes."""
 
-    __slots__ = ("costs", "keys", "rendered", "request_id", "route", "rules")
+    __slots__ = ("costs", "keys", "parts", "rendered", "request_id", "route", "rules")
 
     def __init__(self, route: Route, rules: list[Rule], keys: list[str], costs: list[int | None],
-                 request_id: bytes | None) -> None:
+                 request_id: bytes | None, parts: list[list[bytes] | None]) -> None:
         self.route = route
+        self.parts = parts  # each rule's identity parts, for the refusal's access log line and /top
         self.rules = rules
         self.keys = keys
         self.costs = costs

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo
 
 from starlette.types import Send
 
+from gateway.calendars import next_reset
 from gateway.config import Route, Rule
 from gateway.http.problem import PROBLEM, Headers, problem
 from gateway.limiter import Decision, Outcome
@@ -59,23 +63,42 @@ class _Policy(NamedTuple):
     unit: bytes    # its Kong-style window (minute, ...), or b""
 
 
-_POLICIES: dict[int, tuple[Rule, _Policy]] = {}
+_POLICIES: dict[int, tuple[Rule, _Policy, float]] = {}
+
+
+def current_period(period: str, zone: str, at: float) -> tuple[float, float]:
+    """The calendar period (day, week from Monday, month) of `zone` that `at` is in: its start and
+    its end (the next reset), UTC seconds; a month in November is 30 days long, a DST day 23 or 25 h."""
+    tz = ZoneInfo(zone)
+    day = datetime.fromtimestamp(at, tz).replace(hour=0, minute=0, second=0, microsecond=0, tzinfo=None)
+    if period == "day":
+        start = day
+    elif period == "week":
+        start = day - timedelta(days=day.weekday())
+    else:
+        start = day.replace(day=1)
+    return start.replace(tzinfo=tz).timestamp(), next_reset(period, zone, at)
 
 
 def _policy(rule: Rule) -> _Policy:
-    """A rule's constant header parts, cached by identity (the entry holds the rule, so its id cannot
-    be reused while cached)."""
+    """A rule's header parts that do not change with its state, cached by identity (the entry holds
+    the rule, so its id cannot be reused while cached); a calendar rule's until its period ends."""
     entry = _POLICIES.get(id(rule))
-    if entry is not None and entry[0] is rule:
+    now = time.time() if rule.calendar_period is not None else 0.0
+    if entry is not None and entry[0] is rule and now < entry[2]:
         return entry[1]
+    window, until = rule.policy_window, math.inf
+    if rule.calendar_period is not None:  # `w` is the current period's length
+        start, until = current_period(rule.calendar_period, rule.calendar, now)
+        window = until - start
     policy = f'"{rule.name}";q={rule.quota_size}'
-    if rule.policy_window > 0:
-        policy += f";w={math.ceil(rule.policy_window)}"
+    if window > 0:
+        policy += f";w={math.ceil(window)}"
     unit = _UNITS.get(float(rule.policy_window), b"") if str(rule.algorithm) in _WINDOWED else b""
     parts = _Policy(policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode(), unit)
     if len(_POLICIES) >= 4096:  # rules of configs reloaded away
         _POLICIES.clear()
-    _POLICIES[id(rule)] = (rule, parts)
+    _POLICIES[id(rule)] = (rule, parts, until)
     return parts
 
 

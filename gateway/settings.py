@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 
@@ -27,7 +29,8 @@ class Settings:
     header_timeout: float = 10.0           # a client must send its request head within this
     send_timeout: float = 60.0             # ... and take something of its answer at least this often
     body_timeout: float = 30.0             # ... and never pause its body longer than this
-    data_dir: str | None = None            # the embedded redis-server persists here; None: memory only
+    data_dir: str | None = None            # the embedded redis-server persists here; None: the default below
+    ephemeral: bool = False                # the embedded redis-server keeps its state in memory only
     embedded_redis_url: str | None = None  # set by the supervisor when it runs redis-server
     max_head_bytes: int = 64 * 1024        # request line + headers; larger is a 431
     check_port: int | None = None          # the check endpoint (forward-auth), on `host`; off unless given
@@ -41,6 +44,19 @@ class Settings:
         """Is the check port on? Then every rule must be decidable without the upstream's answer."""
         return self.check_port is not None
 
+    def embedded_data_dir(self) -> str | None:
+        """Where the embedded Redis persists what it holds: --data-dir, else a per-user state
+        directory keyed by the config file's path ($XDG_STATE_HOME, ~/.local/state); None with
+        --ephemeral."""
+        if self.ephemeral:
+            return None
+        if self.data_dir is not None:
+            return self.data_dir
+        config = os.path.abspath(self.config_path)
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        name = os.path.splitext(os.path.basename(config))[0] or "routes"
+        return os.path.join(base, "ratelimit-gateway", f"{name}-{hashlib.sha256(config.encode()).hexdigest()[:12]}")
+
     @property
     def effective_admin_host(self) -> str:
         return self.admin_host
@@ -49,13 +65,23 @@ class Settings:
 DEFAULTS = Settings()
 
 
+def boolean(text: str) -> bool:
+    """A switch's value in the environment: 1, true, yes, on, or 0, false, no, off."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false (1 or 0)")
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting as an operator meets it."""
 
     field: str
     env: str
-    kind: type[int] | type[float] | type[str]
+    kind: type[int] | type[float] | type[str] | Callable[[str], bool]  # boolean: a switch (--flag alone)
     help: str
     flag: str | None = None
     chart: str | None = None  # the chart's value (helm/gateway/values.yaml) that sets it
@@ -63,8 +89,13 @@ class Option:
     metavar: str = ""
 
     @property
+    def switch(self) -> bool:
+        return self.kind is boolean
+
+    @property
     def shown_metavar(self) -> str:
-        return self.metavar or {int: "N", float: "SECONDS"}.get(self.kind, "VALUE")
+        names: dict[object, str] = {int: "N", float: "SECONDS"}
+        return self.metavar or names.get(self.kind, "VALUE")
 
     @property
     def default(self) -> object:
@@ -74,6 +105,8 @@ class Option:
         value = self.default
         if value is None:
             return self.unset
+        if isinstance(value, bool):
+            return "on" if value else "off"
         if isinstance(value, float) and value.is_integer():
             return f"{int(value)}"
         return str(value)
@@ -103,7 +136,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("redis_url", "GATEWAY_REDIS_URL", str, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
            chart="redis.url", unset="routes.yaml's, else the embedded Redis", metavar="URL"),
     Option("data_dir", "GATEWAY_DATA_DIR", str, "where the embedded Redis persists its state", "--data-dir",
-           unset="none: in memory, gone on exit", metavar="DIR"),
+           unset="a per-user state directory keyed by the config file's path ($XDG_STATE_HOME/ratelimit-gateway/...); "
+           "--ephemeral: in memory, gone on exit", metavar="DIR"),
+    Option("ephemeral", "GATEWAY_EPHEMERAL", boolean, "the embedded Redis keeps its state in memory only, gone on "
+           "exit (not with --data-dir)", "--ephemeral"),
     Option("log_level", "GATEWAY_LOG_LEVEL", str, "debug, info, warning or error", chart="logLevel"),
     Option("drain_timeout", "GATEWAY_DRAIN_TIMEOUT", float,
            "seconds in-flight requests may take after SIGTERM", chart="drainTimeoutSeconds"),

@@ -37,16 +37,25 @@ def make_is_stopping(pid: int) -> bool:
     return any(blocked & (1 << (sig - 1)) for sig in STOPS)
 
 
-def main(argv: list[str] | None = None) -> int:
+def gateway_command(args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "gateway", "serve", "--config", args.config, "--host", args.host,
+            "--port", str(args.port), "--admin-port", str(args.admin_port), "--data-dir", args.data_dir]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="routes.yaml")
+    parser.add_argument("--host", default="127.0.0.1", help="the proxy port's address (this machine only unless given)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--admin-port", type=int, default=9090)
     parser.add_argument("--backend-port", type=int, default=9000)
     parser.add_argument("--data-dir", default=".run-state",
                         help="where the embedded Redis keeps limits and overrides between runs (git-ignored)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     parent = os.getppid()
     die_with_parent(signal.SIGTERM, parent)
     stop_requested: list[int] = []
@@ -60,10 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = subprocess.Popen([sys.executable, "-m", "gateway.example_backend", "--port", str(args.backend_port)],
                                preexec_fn=with_us)
     env = dict(os.environ, SHOP_URL=f"http://127.0.0.1:{args.backend_port}")
-    gateway = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--config", args.config,
-                                "--port", str(args.port), "--admin-port", str(args.admin_port),
-                                "--data-dir", args.data_dir],
-                               env=env, preexec_fn=with_us)
+    gateway = subprocess.Popen(gateway_command(args), env=env, preexec_fn=with_us)
     try:
         while gateway.poll() is None and not stop_requested and not make_is_stopping(parent):
             time.sleep(0.2)

@@ -199,7 +199,7 @@ def _bad_writes(a: GatewayProcess, admin: httpx.Client) -> None:
     assert [admin.get("/keys", params={"key": k}).status_code for k in ("b1", "b2")] == [404, 404]  # none
     assert refused(admin.post("/keys", json={"keys": [{"key": "b", "plan": "free"}] * 10_001}), "keys")
     big = admin.post("/keys", content=b'{"keys": [' + b" " * (3 * 1024 * 1024) + b"]}")
-    assert big.status_code == 400 and "at most" in big.json()["detail"]
+    assert big.status_code == 413 and "at most" in big.json()["detail"]
     bulk["keys"][2]["plan"] = "pro"
     assert admin.post("/keys", json=bulk).json() == {"written": 3}  # all of them
     assert [admin.get("/keys", params={"key": k}).json()["plan"] for k in ("b1", "b2", "b3")] == ["free", "pro", "pro"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import parse_args, resolve_settings
-from gateway.settings import ENV_KEYS, Settings, from_env
+from gateway.settings import ENV_KEYS, Settings, boolean, from_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -131,7 +132,9 @@ def test_help_shows_each_flag_with_its_environment_variable_and_default() -> Non
 
     text = " ".join(run("serve", "--help").stdout.split())
     for option in OPTIONS:
-        if option.flag is not None:
+        if option.flag is not None and option.switch:
+            assert f"{option.flag} {option.help}" in text and f"(env {option.env}=1)" in text, option.field
+        elif option.flag is not None:
             assert f"{option.flag} {option.shown_metavar}" in text
             assert f"env {option.env}; default {option.shown_default()})" in text, option.field
 
@@ -139,13 +142,19 @@ def test_help_shows_each_flag_with_its_environment_variable_and_default() -> Non
 def test_each_flag_and_each_variable_sets_its_setting() -> None:
     from gateway.settings import OPTIONS
 
-    samples = {int: "7", float: "2.5", str: "/some/value"}
+    samples: dict[object, str] = {int: "7", float: "2.5", str: "/some/value", boolean: "1"}
     for option in OPTIONS:
         expected = option.kind(samples[option.kind])
         assert getattr(from_env({option.env: samples[option.kind]}), option.field) == expected, option.env
         if option.flag is not None:
-            settings = resolve_settings(parse_args(["serve", option.flag, samples[option.kind]]), {})
+            given = [option.flag] if option.switch else [option.flag, samples[option.kind]]
+            settings = resolve_settings(parse_args(["serve", *given]), {})
             assert getattr(settings, option.field) == expected, option.flag
+
+
+def test_ephemeral_and_a_data_dir_exclude_each_other() -> None:
+    result = run("serve", "--ephemeral", "--data-dir", "/tmp/x")
+    assert result.returncode == 2 and "exclude each other" in result.stderr
 
 
 def test_the_chart_sets_each_setting_it_names_with_the_same_default() -> None:
@@ -166,3 +175,44 @@ def test_the_chart_sets_each_setting_it_names_with_the_same_default() -> None:
             value = value[part]
         if option.default is not None and not option.chart.endswith(("containerPort", "secretName", "url")):
             assert option.kind(value) == option.default, (option.chart, value, option.default)
+
+
+COUNTED_BY_THE_ANSWER = """\
+version: 1
+upstreams: {shop: {url: "http://127.0.0.1:9"}}
+routes:
+  - name: pay
+    match: {path: /pay}
+    upstream: shop
+    limits: [{name: ok-only, by: [ip], algorithm: fixed_window, limit: 5, window: 1m, count_on: [200]}]
+"""
+
+
+def test_check_sees_what_the_check_port_refuses_from_a_flag_or_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text(COUNTED_BY_THE_ANSWER)
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    assert run("check", str(path), env=clean).returncode == 0  # the proxy port alone counts by the answer
+    flagged = run("check", "--check-port", "8081", str(path), env=clean)
+    assert flagged.returncode == 2 and "count_on" in flagged.stderr, flagged.stderr
+    path.write_text(COUNTED_BY_THE_ANSWER + "check: {convention: auto}\n")
+    sectioned = run("check", str(path), env=clean)
+    assert sectioned.returncode == 2 and "count_on" in sectioned.stderr, sectioned.stderr
+    assert run("check", "--rls-port", "8082", "routes.yaml", env=clean).returncode == 0
+    bad = run("check", "--check-port", "eighty", "routes.yaml", env=clean)
+    assert bad.returncode == 2 and "--check-port" in bad.stderr
+
+
+def test_a_check_only_file_needs_no_upstream(tmp_path: Path) -> None:
+    path = tmp_path / "routes.yaml"
+    path.write_text("version: 1\ncheck: {convention: auto}\nroutes:\n"
+                    "  - name: search\n    match: {path: /search}\n"
+                    "    limits: [{name: per-ip, by: [ip], algorithm: fixed_window, limit: 5, window: 1m}]\n")
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    result = run("check", str(path), env=clean)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{path}: ok (1 route, 1 rule, 0 upstreams)"
+    proxied = tmp_path / "proxied.yaml"  # without the check port, a route still needs its upstream
+    proxied.write_text(path.read_text().replace("check: {convention: auto}\n", ""))
+    missing = run("check", str(proxied), env=clean)
+    assert missing.returncode == 2 and "upstream" in missing.stderr, missing.stderr

@@ -80,3 +80,58 @@ def test_counts_after_known_traffic(tmp_path: Path, redis_proc: RedisProcess, up
             raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
     finally:
         assert gateway.stop() == 0
+
+
+def test_every_request_is_counted_once_unknown_keys_and_unrouted_ones_included(
+        tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> None:
+    config = f"""
+    version: 1
+    redis: {{key_prefix: u{uuid.uuid4().hex[:6]}}}
+    keys: {{source: "header:X-Api-Key", plans: [free]}}
+    upstreams: {{up: {{url: "{upstream.url}"}}}}
+    routes:
+      - name: api
+        match: {{path: /echo/api, methods: [GET]}}
+        upstream: up
+    """
+    gateway = GatewayProcess(config, tmp_path, redis_url=redis_proc.url, workers=2)
+    gateway.start()
+    try:
+        with httpx.Client(base_url=gateway.admin_url) as admin:
+            assert admin.put("/keys", params={"key": "good"}, json={"plan": "free"}).status_code == 200
+        early: list[int] = []  # 401s until this worker has read the key: unknown_key too
+
+        def admitted() -> bool:
+            early.append(httpx.get(gateway.url + "/echo/api", headers={"X-Api-Key": "good"}).status_code)
+            return early[-1] == 200
+
+        wait_until(admitted, timeout=2.0)
+        unknown = early.count(401)
+        invented = [httpx.get(gateway.url + "/echo/api", headers={"X-Api-Key": f"stuffed-{n}"}).status_code
+                    for n in range(3)]
+        assert invented == [401] * 3
+        assert httpx.get(gateway.url + "/echo/api").status_code == 401  # no key at all
+        good = {"X-Api-Key": "good"}
+        assert httpx.get(gateway.url + "/nowhere", headers=good).status_code == 404
+        assert httpx.post(gateway.url + "/echo/api", headers=good).status_code == 405
+        expected = {
+            'gateway_requests_total{decided_by="none",outcome="unknown_key",route=""}': 4 + unknown,
+            'gateway_requests_total{decided_by="none",outcome="no_route",route=""}': 1,
+            'gateway_requests_total{decided_by="none",outcome="method_not_allowed",route=""}': 1,
+            'gateway_responses_total{route="",status="401"}': 4 + unknown,
+            'gateway_responses_total{route="",status="404"}': 1,
+        }
+
+        def matches() -> bool:
+            seen = samples(gateway)
+            return all(seen.get(name) == value for name, value in expected.items())
+
+        try:
+            wait_until(matches, timeout=5, interval=0.2)
+        except TimeoutError:
+            seen = samples(gateway)
+            raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
+        total = sum(v for k, v in samples(gateway).items() if k.startswith("gateway_requests_total{"))
+        assert total == len(early) + 6  # every request once
+    finally:
+        assert gateway.stop() == 0

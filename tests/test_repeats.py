@@ -27,7 +27,7 @@ def scope(**changes: Any) -> dict[str, Any]:
 
 
 def seen() -> Seen:
-    return Seen(ROUTE, [], [], [], None)
+    return Seen(ROUTE, [], [], [], None, [])
 
 
 def test_only_the_same_request_finds_what_was_read() -> None:
@@ -80,7 +80,7 @@ def parsed(n: int, fields: list[tuple[bytes, bytes]], fresh: bool = True) -> dic
 
 
 def held(n: int) -> Seen:
-    entry = Seen(ROUTE, [], [f"rlgw:r:rule:user-{n}"], [1], None)
+    entry = Seen(ROUTE, [], [f"rlgw:r:rule:user-{n}"], [1], None, [None])
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", b"252"), (b"retry-after", b"1"),
                (b"ratelimit-policy", b'"rule";q=10;w=60'), (b"ratelimit", b'"rule";r=0;t=1')]
     decision = Decision(False, 0, 1000, 0, (RuleState(Outcome.REFUSES, 0, 1000),))

@@ -47,7 +47,6 @@ MINIMAL: dict[str, Any] = {
     "admin": {"token": ""},
     "identity": {"body_max_bytes": 1024, "max_length": 256},
     "local_refusals": {"max_entries": 100_000, "max_hold": "1s"},
-    "check": {"convention": "auto", "path_prefix": ""},
     "keys": {"source": "header:X-Api-Key", "unknown": "reject", "plans": ["free", "pro"]},
     "upstreams": {"up": {"url": "http://127.0.0.1:9000", "timeout": "1s"}},
     "routes": [{
@@ -73,11 +72,11 @@ def schema_errors(doc: Any) -> list[str]:
 
 
 def with_change(path: tuple[str | int, ...], value: Any, base: dict[str, Any] = MINIMAL) -> dict[str, Any]:
-    """`base` with the value at `path` replaced (or added)."""
+    """`base` with the value at `path` replaced (or added, with the sections it is in)."""
     doc = copy.deepcopy(base)
     node: Any = doc
     for part in path[:-1]:
-        node = node[part]
+        node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
     node[path[-1]] = value
     return doc
 

@@ -361,10 +361,18 @@ class Source(Kind):
         return "identity source"
 
     def schema(self) -> Schema:
-        named = "|".join(k for k in SOURCE_KINDS if k not in NAMELESS_SOURCES)
+        names = [k for k in SOURCE_KINDS if k not in NAMELESS_SOURCES]
+        named = "|".join(names)
         return {"anyOf": [
             {"type": "string", "pattern": rf"^\s*({'|'.join(NAMELESS_SOURCES)})\s*$"},
             {"type": "string", "pattern": rf"^\s*({named})\s*:\s*\S.{{0,127}}$"},
+            {"description": "A source whose values are (secret: true) or are not (false) credentials, "
+                            "shown only as their fingerprint kf_...; by default a name that says "
+                            "credential (key, token, auth, ...) is one.",
+             "type": "object", "additionalProperties": False, "minProperties": 2, "maxProperties": 2,
+             "required": ["secret"],
+             "properties": {"secret": {"type": "boolean"},
+                            **{kind: {"type": "string", "minLength": 1, "maxLength": 128} for kind in names}}},
             ENV,
         ]}
 

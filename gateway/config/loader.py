@@ -110,6 +110,7 @@ class _Reader:
         self.warnings: list[ConfigProblem] = []  # what `gateway check` prints and still accepts
         self.shared: dict[str, Rule] = {}  # the file's `shared:` rules, read before its routes
         self.plans: frozenset[str] | None = None  # the plans a `match: {plan: }` may name (None: no keys:)
+        self.keys_source: Source | None = None  # `keys.source`, read before every rule: a secret source
 
     def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
         line = node.start_mark.line + 1 if node is not None else 1
@@ -304,8 +305,11 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     top = r.section(root, "", Place.TOP, require=False)
     if top is None:
         return None
-    # a rate limit service alone (rls:) needs no route and no upstream: Envoy does the forwarding
-    optional = ("routes", "upstreams") if "rls" in top else ()
+    if "check" in top:  # a file written for the check port is read as with the port on
+        r.decision_only = True
+    # a rate limit service alone (rls:) needs no route and no upstream: Envoy does the forwarding;
+    # with the check port on, the proxy in front does
+    optional = ("routes", "upstreams") if "rls" in top else ("upstreams",) if r.decision_only else ()
     r.require(top, "", Place.TOP, only=[k for k in keys(Place.TOP) if k not in optional])
     settings = r.read(top, "", Place.TOP)  # version, trusted_proxies, access_log
     settings.pop("version", None)
@@ -326,6 +330,7 @@ def _build(root: yaml.Node, r: _Reader) -> Config | None:
     keys_settings = _keys(top.nodes["keys"], r, jwt) if "keys" in top else None
     if keys_settings is not None:
         r.plans = frozenset(keys_settings.plans) | ({"none"} if keys_settings.unknown == "pass" else set())
+    r.keys_source = keys_settings.source if keys_settings is not None else None
     upstreams = _upstreams(top, r, jwt)
     if "shared" in top:
         r.shared = _shared(top.nodes["shared"], r, jwt)
@@ -672,7 +677,8 @@ def _route(
     if found is None:
         return None
     answers_itself = "respond" in found  # no upstream: the gateway answers (respond: usage)
-    r.require(found, key, Place.ROUTE, only=[k for k in keys(Place.ROUTE) if not (answers_itself and k == "upstream")])
+    no_upstream = answers_itself or r.decision_only  # ... or the route is decided on the check port
+    r.require(found, key, Place.ROUTE, only=[k for k in keys(Place.ROUTE) if not (no_upstream and k == "upstream")])
     if found.missing:
         return None
     name = r.read(found, key, Place.ROUTE, only=["name"]).get("name")
@@ -705,7 +711,7 @@ def _route(
     if values.get("websocket") and upstream is not None and upstream.http2:
         r.problem(found.nodes["websocket"], f"{key}.websocket",
                   f"upstream {upstream.name!r} speaks HTTP/2, which has no Upgrade: a WebSocket route needs HTTP/1.1")
-    if name is None or (upstream is None and r.proxy and not answers_itself):
+    if name is None or (upstream is None and r.proxy and not no_upstream):
         return None
     return Route(name=name, path=path, methods=methods, host=host, upstream=upstream, limits=tuple(rules),
                  when=when, path_case=path_case, **values)
@@ -1129,10 +1135,55 @@ def _warn_untyped_numbers(rule: Rule, found: Found, key: str, r: _Reader, params
                    "two keys for one item")
 
 
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie")
+CREDENTIAL_WORDS = ("key", "token", "auth", "secret", "session", "password", "signature", "credential")
+
+
+def _says_credential(kind: str, name: str) -> bool:
+    """A header, query parameter or cookie whose name says it holds a credential (X-Api-Key,
+    ?access_token=, a session cookie)."""
+    if kind not in ("header", "query", "cookie"):
+        return False
+    lowered = name.lower()
+    return (kind == "header" and lowered in CREDENTIAL_HEADERS) or any(word in lowered for word in CREDENTIAL_WORDS)
+
+
+def _source_text(node: yaml.Node, key: str, r: _Reader) -> tuple[str | None, bool | None]:
+    """`KIND:NAME`, or `{KIND: NAME, secret: BOOL}`: the source's text and its `secret:`, if given."""
+    if not isinstance(node, yaml.MappingNode):
+        return r.text(node, key), None
+    pairs = {str(k.value): v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    flag = pairs.pop("secret", None)
+    if len(pairs) != 1 or flag is None or len(node.value) != 2:
+        r.problem(node, key, "a source with options is {KIND: NAME, secret: true|false}, as {header: X-Tenant, "
+                             "secret: true}")
+        return None, None
+    said = (r.text(flag, f"{key}.secret") or "").strip().lower()
+    if said not in ("true", "false"):
+        r.problem(flag, f"{key}.secret", f"{said!r} must be true or false")
+        return None, None
+    [(kind, name_node)] = pairs.items()
+    name = r.text(name_node, f"{key}.{kind}")
+    return (None if name is None else f"{kind}:{name}"), said == "true"
+
+
 def _source(node: yaml.Node, key: str, r: _Reader, params: Params, jwt: JwtSettings) -> Source | None:
-    text = r.text(node, key)
+    text, explicit = _source_text(node, key, r)
     if text is None:
         return None
+    source = _source_of(text, node, key, r, params, jwt)
+    if source is None:
+        return None
+    keys = r.keys_source
+    if keys is not None and (source.kind, source.name) == (keys.kind, keys.name):
+        secret = True  # the API key: whatever a rule says
+    else:
+        secret = _says_credential(source.kind, source.name) if explicit is None else explicit
+    return replace(source, secret=secret)
+
+
+def _source_of(text: str, node: yaml.Node, key: str, r: _Reader, params: Params,
+               jwt: JwtSettings) -> Source | None:
     kind, _, name = text.partition(":")
     kind = kind.strip()
     name = name.strip()

@@ -46,6 +46,8 @@ class Source:
     kind: str
     name: str = ""
     type: str | None = None  # "int" or "float": read as the upstream reads that type (gateway/typed_values.py)
+    # its values are credentials: shown only as their fingerprint (gateway/keys.py), never as they came
+    secret: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         named = f"{self.kind}:{self.name}" if self.name else self.kind

@@ -70,7 +70,7 @@ def render() -> str:
             "(helm/gateway/values.yaml). Made from gateway/settings.py's OPTIONS, as `--help` is.", "",
             "| flag | environment | default | chart value | meaning |", "| --- | --- | --- | --- | --- |"]
     for option in OPTIONS:
-        flag = f"`{option.flag} {option.shown_metavar}`" if option.flag else ""
+        flag = f"`{option.flag}`" if option.switch else f"`{option.flag} {option.shown_metavar}`" if option.flag else ""
         chart = f"`{option.chart}`" if option.chart else ""
         out.append(f"| {flag} | `{option.env}` | {_cell(option.shown_default())} | {chart} | {_cell(option.help)} |")
     return "\n".join(out) + "\n"

@@ -218,6 +218,12 @@ def _file_limit(reader: _FileReader, node: yaml.Node, key: str, entry: Node, sha
         return
     text = reader.scalar(found["requests_per_unit"], f"{key}.requests_per_unit") if "requests_per_unit" in found \
         else "0"
+    given = found.get("requests_per_unit")
+    quoted = isinstance(given, yaml.ScalarNode) and given.style in ("'", '"')
+    if text is not None and quoted:  # a string: envoyproxy/ratelimit's loader refuses it too
+        reader.problem(found["requests_per_unit"], f"{key}.requests_per_unit",
+                       f"is the string {text!r}: write the number without quotes")
+        return
     if text is None or not text.isascii() or not text.isdigit() or int(text) >= 2**32:
         reader.problem(found.get("requests_per_unit"), f"{key}.requests_per_unit",
                        "must be a whole number from 0 to 4294967295")

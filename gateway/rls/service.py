@@ -251,9 +251,8 @@ class RateLimitService:
             if state.outcome in (Outcome.REFUSES, Outcome.NEVER_FITS) and not decision.admitted:
                 status.code = pb.OVER_LIMIT
             elif state.outcome is not Outcome.SHADOW_REFUSES:
-                # a refused call counted nothing: what remains is what was there before it
-                left = state.remaining if decision.admitted else state.remaining + call.costs[at]
-                status.limit_remaining = min(max(0, left), 2**32 - 1)
+                # a refused call counted nothing: the limiter reports what was there before it
+                status.limit_remaining = min(max(0, state.remaining), 2**32 - 1)
             if state.reset_ms > 0:
                 status.duration_until_reset.seconds, millis = divmod(state.reset_ms, 1000)
                 status.duration_until_reset.nanos = millis * 1_000_000

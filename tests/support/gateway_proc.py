@@ -63,6 +63,7 @@ class GatewayProcess:
         if self.comparison:  # the launcher is a module of this source tree
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.setdefault("GATEWAY_DRAIN_TIMEOUT", "5")
+        env.setdefault("XDG_STATE_HOME", str(self.config_path.parent / "state"))  # the embedded Redis's, not ~'s
         with self.out_path.open("ab") as out, self.log_path.open("ab") as err:
             self.process = started(args, env=env, stdout=out, stderr=err, start_new_session=True)
         if ready:

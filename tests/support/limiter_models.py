@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from gateway.config import BUCKET_ALGORITHMS, Rule
@@ -280,7 +280,10 @@ class Route:
                 return math.inf if answers[i].retry_us == NEVER else answers[i].retry_us
             worst = max(refusing, key=lambda i: (wait(i), -i))
             retry = answers[worst].retry_us
-            return RouteAnswer(False, worst, None if retry == NEVER else retry, 0, answers)
+            # nothing was charged: a rule that would have admitted still has the cost left
+            left = [replace(a, remaining=a.remaining + c) if a.admitted else a
+                    for a, c in zip(answers, costs, strict=True)]
+            return RouteAnswer(False, worst, None if retry == NEVER else retry, 0, left)
         for model, answer, cost in zip(self.models, answers, costs, strict=True):
             if answer.admitted:
                 model.take(t, cost)
