@@ -181,11 +181,13 @@ def limiter(made: L) -> L:
     """`made` with a span around each decision's Redis call."""
     if not ON:
         return made
-    from opentelemetry.trace import SpanKind, StatusCode
+    from opentelemetry.trace import SpanKind, StatusCode, get_current_span
 
     decide = made.decide  # type: ignore[attr-defined]
 
     async def traced_decide(rules: Any, keys: list[str], costs: Any, peek: bool = False, lease: bytes = b"") -> Any:
+        if not get_current_span().is_recording():  # a request not sampled (or the admin's peek): no span
+            return await decide(rules, keys, costs, peek, lease)
         with tracer().start_as_current_span("gateway.decision", kind=SpanKind.CLIENT, attributes={
                 "db.system.name": "redis", "gateway.rules_checked": len(rules), "gateway.peek": peek}) as span:
             try:
@@ -209,29 +211,33 @@ def upstream(client: Any) -> None:
     if not ON:
         return
     from opentelemetry import propagate
-    from opentelemetry.trace import SpanKind, StatusCode
+    from opentelemetry.trace import SpanKind, StatusCode, get_current_span
 
     forward = client.forward
     name = client.upstream.name
     address = client.url.host
 
+    def passed_on(request: Any) -> Any:
+        """`request` with the current span's trace context in place of the client's."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return replace(request, headers=[*_without_context(request.headers),
+                                         *((k.encode(), v.encode("latin-1")) for k, v in carrier.items())])
+
     async def traced_forward(request: Any, *args: Any, **kwargs: Any) -> Any:
+        if not get_current_span().is_recording():  # not sampled: no span, the decision passed on
+            return await forward(passed_on(request), *args, **kwargs)
         with tracer().start_as_current_span(f"{request.method} upstream {name}", kind=SpanKind.CLIENT, attributes={
                 "http.request.method": request.method, "server.address": address,
                 "gateway.upstream": name}) as span:
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            request = replace(request, headers=[*_without_context(request.headers),
-                                                *((k.encode(), v.encode("latin-1")) for k, v in carrier.items())])
-            started = time.perf_counter()
+            request = passed_on(request)
             try:
                 forwarded = await forward(request, *args, **kwargs)
             except Exception as exc:
                 span.set_status(StatusCode.ERROR, exc.__class__.__name__)
                 span.set_attribute("error.type", exc.__class__.__name__)
                 raise
-            span.set_attributes({"http.response.status_code": forwarded.status,
-                                 "gateway.upstream_seconds": round(time.perf_counter() - started, 6)})
+            span.set_attribute("http.response.status_code", forwarded.status)
             if forwarded.aborted or forwarded.status >= 500:
                 span.set_status(StatusCode.ERROR)
             return forwarded

@@ -156,3 +156,64 @@ def test_the_page_fetches_nothing_from_another_host(gateway: GatewayProcess, bro
     assert all(url.startswith(gateway.admin_url + "/") for url in fetched), fetched
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]  # type: ignore[no-untyped-call]
     assert errors == []  # nothing the policy blocked, no script error
+
+
+KEYS_CONFIG = """
+version: 1
+redis: {{timeout: 500ms, key_prefix: {prefix}}}
+admin: {{token: {token}}}
+keys: {{source: "header:X-Api-Key", unknown: reject, plans: [free, pro]}}
+upstreams:
+  up: {{url: "{upstream}"}}
+routes:
+  - name: api
+    match: {{path: "/echo/{{rest:path}}"}}
+    upstream: up
+    limits:
+      - {{name: per-key, by: ["header:X-Api-Key"], algorithm: fixed_window, limit: 100, window: 1h}}
+"""
+
+
+def test_a_key_registered_in_the_page_is_let_in_and_one_deleted_is_not(
+        tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream, browser: WebDriver) -> None:
+    text = KEYS_CONFIG.format(prefix=f"c{uuid.uuid4().hex[:8]}", token=TOKEN, upstream=upstream.url)
+    gateway = GatewayProcess(text, tmp_path, redis_url=redis_proc.url)
+    gateway.start()
+    try:
+        key = "key-" + uuid.uuid4().hex
+        assert httpx.get(f"{gateway.url}/echo/x", headers={"X-Api-Key": key}).status_code == 401
+        browser.get(gateway.admin_url + "/")
+        wait_for(browser, lambda d: d.find_element(By.ID, "keys-section").is_displayed())
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "key-value").send_keys(key)
+        Select(browser.find_element(By.ID, "key-plan")).select_by_value("pro")
+        browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
+        result = browser.find_element(By.ID, "key-result")
+        wait_for(browser, lambda d: "on plan pro" in result.text)
+        fingerprint = result.text.split()[0]
+        assert fingerprint.startswith("kf_") and key not in browser.page_source  # the key itself is never shown
+        wait_until(lambda: httpx.get(f"{gateway.url}/echo/x", headers={"X-Api-Key": key}).status_code == 200,
+                   timeout=10)  # every worker reads the change within a second or two
+
+        row = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'#keys tr[data-key="{fingerprint}"]'))
+        row[0].find_element(By.TAG_NAME, "button").click()
+        wait_for(browser, lambda d: result.text == f"deleted {fingerprint}")
+        wait_until(lambda: httpx.get(f"{gateway.url}/echo/x", headers={"X-Api-Key": key}).status_code == 401,
+                   timeout=10)
+    finally:
+        gateway.stop()
+
+
+def test_a_refused_reload_and_its_errors_show_on_the_page(gateway: GatewayProcess, browser: WebDriver) -> None:
+    browser.get(gateway.admin_url + "/")
+    errors = browser.find_element(By.ID, "reload-errors")
+    wait_for(browser, lambda d: "config loaded" in d.find_element(By.ID, "reload").text)
+    assert not errors.is_displayed()
+
+    gateway.config_path.write_text(gateway.config_path.read_text().replace("limit: 2,", "limit: -2,"))
+    answer = httpx.post(gateway.admin_url + "/reload", headers={"authorization": f"Bearer {TOKEN}"})
+    assert answer.status_code == 422
+    # whichever of the two workers answers the page knows
+    wait_for(browser, lambda d: errors.is_displayed() and "limit" in errors.text)
+    assert "reload refused" in browser.find_element(By.ID, "reload").text
+    assert httpx.get(gateway.url + "/echo/x", headers={"X-User-Id": "z"}).status_code == 200  # the old config serves

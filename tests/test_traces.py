@@ -164,6 +164,12 @@ def test_spans_join_the_clients_trace_and_the_upstream_gets_it(
         # the upstream's request carries the client's trace, its parent the exchange's span
         assert upstream_traceparent(admitted) == f"00-{trace_id}-{exchange['span_id']}-01"
 
+        # a client's trace it did not sample: no spans, and the upstream is told so, in the same trace
+        unsampled_id, _, header = traceparent()
+        answer = httpx.get(f"{gateway.url}/echo/c", headers={"traceparent": header[:-2] + "00", "X-User-Id": "c"})
+        passed = upstream_traceparent(answer).split("-")
+        assert passed[1] == unsampled_id and passed[3] == "00"
+
         refused = httpx.get(f"{gateway.url}/echo/b", headers=headers)
         assert refused.status_code == 429
         trace_id, client_span, header = traceparent()
@@ -178,6 +184,7 @@ def test_spans_join_the_clients_trace_and_the_upstream_gets_it(
         assert server["attributes"]["gateway.decided_by"] == "memory"  # the server's early path
         assert server["attributes"]["http.response.status_code"] == 429
 
+        assert not [s for s in receiver.spans if s["trace_id"] == unsampled_id]
         everything = json.dumps(receiver.spans) + json.dumps(receiver.resources)
         assert SECRET_USER not in everything and SECRET_TOKEN not in everything
     finally:
