@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import metrics
+from gateway import metrics, reload_log
 from gateway.admin_common import (
     MAX_OVERRIDE_BODY,
     AdminControl,
@@ -59,6 +59,7 @@ from gateway.admin_common import (
 from gateway.admin_keys import key_routes
 from gateway.api_keys import from_fingerprint
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
+from gateway.console import console_routes
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keys import identity_token, secret_part, shard_of
 from gateway.limiter import Decision, Limiter, Outcome, RuleSpec
@@ -422,6 +423,7 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/overrides", list_overrides, methods=["GET"]),
             Route("/overrides/{route}/{rule}", one_override, methods=["GET", "PUT", "DELETE"]),
             *key_routes(control),
+            *console_routes(control),
         ],
         exception_handlers={HTTPException: http_error},
     )
@@ -566,6 +568,7 @@ async def _reload_every_worker(control: AdminControl) -> tuple[bool, str]:
         load_config(control.settings.config_path, decision_only=control.settings.decision_only)
     except ConfigError as exc:
         metrics.RELOADS.labels("error").inc()
+        reload_log.note(False, str(exc))
         return False, str(exc)
     outcome = control.next_reload()
     os.kill(os.getppid(), signal.SIGHUP)

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway import tracing
 from gateway.accounting import Accounting
 from gateway.admin import admin_app
 from gateway.check import CheckEndpoint
@@ -42,13 +43,15 @@ class Composed:
 def compose(settings: Settings, config: Config | None = None, transport: str = "lean") -> Composed:
     """The gateway's application; `transport` "httpx" is for the comparison in tests and bench only."""
     lifecycle = Lifecycle(settings, config, transport)
-    limits, accounting = Limits(settings.max_head_bytes, settings.body_timeout), Accounting(lifecycle.top)
+    limits = Limits(settings.max_head_bytes, settings.body_timeout)
+    accounting = tracing.accounted(Accounting(lifecycle.top))
     endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
     routes: list[BaseRoute] = [AdminPort(settings.admin_port, admin_app(lifecycle))]
     if settings.check_port is not None:
-        routes.append(AdminPort(settings.check_port, CheckEndpoint(lifecycle.current, limits, accounting)))
+        routes.append(AdminPort(settings.check_port,
+                                tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")))
     app = Starlette(
-        routes=[*routes, Proxied(endpoint)],
+        routes=[*routes, Proxied(tracing.served(endpoint, "proxy"))],
         lifespan=lifecycle.lifespan,
         exception_handlers={Exception: _internal_error},
     )

@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway import metrics
+from gateway import metrics, reload_log
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
@@ -59,6 +59,7 @@ class Lifecycle:
         self.runtime = build_runtime(config, redis, self._limiter(config), transport=self.transport)
         metrics.CONFIG_INFO.set(len(config.routes))
         metrics.describe_rules(config.limited_routes)
+        reload_log.note(True, f"started with {len(config.routes)} routes")
         self._flusher = asyncio.get_running_loop().create_task(self._flush_metrics())
         try:  # the overrides in force before the first request; Redis down: the poll catches up
             await self.overrides.sync(self.runtime)
@@ -111,6 +112,7 @@ class Lifecycle:
             log.exception("reload failed, keeping the current config")
             metrics.RELOADS.labels("error").inc()
             result = False, f"reload failed: {exc.__class__.__name__}: {exc}"
+        reload_log.note(*result)
         waiters, self._reload_waiters = self._reload_waiters, []
         for waiter in waiters:
             if not waiter.done():

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 from starlette.types import Receive, Send
 
+from gateway import tracing
 from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
 from gateway.http.request import HOP_BY_HOP, Request
@@ -92,6 +93,7 @@ class UpstreamClient:
         self.path_prefix = parts.path.rstrip("/").encode()
         self.timeouts = {"connect": upstream.connect_timeout, "read": upstream.timeout,
                          "write": upstream.timeout, "pool": upstream.connect_timeout}
+        tracing.upstream(self)  # with traces on: forward() in a span, its trace context passed upstream
 
     async def close(self) -> None:
         await self.transport.aclose()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 
-from gateway import metrics
+from gateway import metrics, tracing
 from gateway.api_keys import KeyTable
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings
@@ -72,8 +72,9 @@ class Runtime:
 
 def new_limiter(redis: RedisSettings) -> Limiter:
     """A limiter on `redis`, reporting its latency and breaker state to the metrics."""
-    return Limiter(make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed,
-                   on_open_time=metrics.BREAKER_OPEN.inc, probe_timeout=max(CONNECT_TIMEOUT, 4 * redis.timeout))
+    return tracing.limiter(Limiter(
+        make_runner(redis), Breaker(), observe=_observe_redis, on_breaker=_breaker_changed,
+        on_open_time=metrics.BREAKER_OPEN.inc, probe_timeout=max(CONNECT_TIMEOUT, 4 * redis.timeout)))
 
 
 def _observe_redis(seconds: float, ok: bool) -> None:

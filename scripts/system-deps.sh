@@ -9,6 +9,8 @@ command -v caddy >/dev/null || [ -x /usr/bin/caddy ] || need+=(caddy)  # forward
 command -v wrk >/dev/null || need+=(wrk)
 command -v h2load >/dev/null || need+=(nghttp2-client)  # bench/rls.py: gRPC load (h2load)
 command -v promtool >/dev/null || need+=(prometheus)  # promtool tests the chart's alert rules
+command -v chromium >/dev/null || need+=(chromium)  # the console's browser tests (tests/test_console.py)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "system-deps: missing ${need[*]}; install them (Debian: apt-get install ${need[*]})" >&2
