@@ -185,13 +185,13 @@ def limiter(made: L) -> L:
 
     decide = made.decide  # type: ignore[attr-defined]
 
-    async def traced_decide(rules: Any, keys: list[str], costs: Any, peek: bool = False, lease: bytes = b"") -> Any:
+    async def traced_decide(rules: Any, keys: list[str], costs: Any, peek: bool = False, **options: Any) -> Any:
         if not get_current_span().is_recording():  # a request not sampled (or the admin's peek): no span
-            return await decide(rules, keys, costs, peek, lease)
+            return await decide(rules, keys, costs, peek, **options)
         with tracer().start_as_current_span("gateway.decision", kind=SpanKind.CLIENT, attributes={
                 "db.system.name": "redis", "gateway.rules_checked": len(rules), "gateway.peek": peek}) as span:
             try:
-                decision = await decide(rules, keys, costs, peek, lease)
+                decision = await decide(rules, keys, costs, peek, **options)
             except Exception as exc:
                 span.set_status(StatusCode.ERROR, exc.__class__.__name__)
                 span.set_attribute("error.type", exc.__class__.__name__)  # never the message: it may name a key
