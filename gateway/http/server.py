@@ -138,7 +138,7 @@ class Exchange:
     """One request and its response: the ASGI `receive` and `send` of one app call."""
 
     __slots__ = (
-        "bodiless", "body", "chunked", "conn", "disconnected", "entered", "expect_100", "gone", "keep_alive",
+        "bodiless", "body", "chunked", "conn", "disconnected", "drained", "entered", "expect_100", "gone", "keep_alive",
         "left", "more_body", "pending_head", "receiving", "refused", "response_complete", "response_started",
         "scope", "task",
     )
@@ -150,6 +150,7 @@ class Exchange:
         self.expect_100 = expect_100
         self.body = b""
         self.more_body = True
+        self.drained = False  # the body's last message went to the app: what it receives next is the end
         self.receiving: asyncio.Future[None] | None = None
         self.disconnected = False
         self.response_started = False
@@ -179,9 +180,15 @@ class Exchange:
             conn.resume_reading()
             self.receiving = conn.loop.create_future()
             await self.receiving
+        while self.drained and not self.disconnected and not self.response_complete:
+            # the whole body was received: the next message is the client's going (ASGI), however
+            # long that takes (Starlette's streaming responses listen for it while they send)
+            self.receiving = conn.loop.create_future()
+            await self.receiving
         if self.disconnected or self.response_complete:
             return {"type": "http.disconnect"}
         body, self.body = self.body, b""
+        self.drained = not self.more_body
         conn.resume_reading()
         return {"type": "http.request", "body": body, "more_body": self.more_body}
 
@@ -226,6 +233,7 @@ class Exchange:
             if self.left > 0:
                 raise RuntimeError("response body shorter than its Content-Length")
             self.response_complete = True
+            self.wake()  # a receive() waiting for the client's going ends with the answer
             conn.response_done(self)
 
     async def accept_upgrade(self, headers: Headers) -> UpgradedStream:
