@@ -38,8 +38,10 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench
 	$(VENV)/bin/mypy
 
+# Two workers, a test file to a worker (its module fixtures start once); TEST_WORKERS=0 runs it serially
+TEST_WORKERS ?= 2
 test: $(DEV_STAMP) system-deps lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The in-process slice (tests/conftest.py): against a real Redis, no gateway processes; about 2 minutes
 test-fast: $(DEV_STAMP) system-deps

@@ -4,11 +4,13 @@ They come from below the kernel's ephemeral range (32768 and up here), where no 
 can take one between the check and the server's bind: 8 gateways and a cluster starting together
 once lost that race ("Address already in use"). Cluster nodes take 10000-19999 (their bus twins,
 port + 10000, 20000-29999); every other server 30000 up to the ephemeral range. A port is never
-handed out twice in a row of 1024 in this process: it may not be bound yet by whoever took it.
+handed out twice in a row of 1024 in this process: it may not be bound yet by whoever took it. With
+the suite split over workers (`make test`: pytest-xdist), each worker picks from its own part.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections import deque
@@ -45,8 +47,20 @@ def _pick(low: int, high: int, twin: int = 0) -> int | None:
     return None
 
 
+def _share(low: int, high: int) -> tuple[int, int]:
+    """This test process's part of [low, high]: the suite's workers (pytest-xdist's gwN) pick from
+    disjoint parts, so two of them never race for one port between the check and the bind."""
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    if not worker.startswith("gw") or int(workers) < 2:
+        return low, high
+    index, count = int(worker[2:]), int(workers)
+    size = (high - low + 1) // count
+    return low + index * size, low + (index + 1) * size - 1
+
+
 def free_port() -> int:
-    port = _pick(30000, _EPHEMERAL_LOW - 1) if _EPHEMERAL_LOW - 30000 >= 2048 else None
+    low, high = _share(30000, _EPHEMERAL_LOW - 1)
+    port = _pick(low, high) if high - low >= 1000 else None
     if port is None:  # no room below the ephemeral range on this machine: the kernel picks
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
@@ -57,7 +71,7 @@ def free_port() -> int:
 
 def free_cluster_port() -> int:
     """A free port whose cluster-bus twin (port + 10000) is free too."""
-    port = _pick(10000, 19999, twin=10000)
+    port = _pick(*_share(10000, 19999), twin=10000)
     if port is None:
         raise RuntimeError("no free port pair for a cluster node")
     return port
