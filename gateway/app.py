@@ -58,7 +58,7 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
     rls_server = None
     if settings.rls_port is not None:
         service = RateLimitService(lifecycle.current)
-        rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): service.should_rate_limit},
+        rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): tracing.rls_call(service.should_rate_limit)},
                                 {HEALTH_CHECK.encode(): lambda body: health(body, lifecycle.current())},
                                 settings.rls_idle_timeout)
     return Composed(app, lifecycle, endpoint, rls_server)

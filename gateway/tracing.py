@@ -1,6 +1,6 @@
 """OpenTelemetry traces, off unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER says otherwise.
 
-Each request on the proxy and check ports is a SERVER span, a child of the client's W3C
+Each request on the proxy and check ports, and each call on the RLS port, is a SERVER span, a child of the client's W3C
 `traceparent` when it sent one; its decision's Redis call is a child span, and so is the exchange
 with the upstream, whose request carries a `traceparent` naming that span (the client's trace id).
 Attributes: the route and its path template, the route's rules, the outcome, `decided_by`, the
@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, MutableMapping
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,6 +31,7 @@ log = logging.getLogger("gateway.tracing")
 # what the hooks are given, by type (this module imports none of the gateway's: they import it)
 A = TypeVar("A")  # an Accounting
 L = TypeVar("L")  # a Limiter
+U = TypeVar("U")  # a unary gRPC handler: message bytes -> answer bytes
 
 
 def _wanted(environ: MutableMapping[str, str]) -> bool:
@@ -201,6 +203,45 @@ def limiter(made: L) -> L:
 
     made.decide = traced_decide  # type: ignore[attr-defined]
     return made
+
+
+# ---- the RLS port's calls -------------------------------------------------------------------------
+
+# the trace context (traceparent, tracestate) of the RLS call being served: its gRPC metadata, set by
+# the server (gateway/rls/server.py) for the call's task, and only while traces are on
+CALL_CONTEXT: ContextVar[tuple[bytes, bytes] | None] = ContextVar("gateway_rls_call_context", default=None)
+_RLS_OUTCOMES = {b"\x08\x01": "ok", b"\x08\x02": "over_limit"}  # RateLimitResponse.overall_code, its first field
+
+
+def rls_call(handler: U) -> U:
+    """The RLS port's ShouldRateLimit with a span per call, a child of Envoy's traceparent; the
+    decision's Redis call is its child (the limiter's span). `handler` itself when tracing is off."""
+    if not ON:
+        return handler
+    from opentelemetry import propagate
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    async def traced(message: bytes) -> bytes:
+        sent = CALL_CONTEXT.get()
+        carrier = {} if sent is None else {k: v.decode("latin-1") for k, v in zip(("traceparent", "tracestate"), sent,
+                                                                                   strict=True) if v}
+        with tracer().start_as_current_span(
+                "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", context=propagate.extract(carrier),
+                kind=SpanKind.SERVER, attributes={"rpc.system": "grpc", "gateway.port": "rls",
+                                                  "rpc.service": "envoy.service.ratelimit.v3.RateLimitService",
+                                                  "rpc.method": "ShouldRateLimit"}) as span:
+            try:
+                answer = await handler(message)  # type: ignore[operator]
+            except Exception as exc:
+                status = getattr(exc, "status", 2)  # a GrpcError's status; any other: UNKNOWN
+                span.set_attribute("rpc.grpc.status_code", status)
+                span.set_status(StatusCode.ERROR, exc.__class__.__name__)
+                raise
+            span.set_attribute("rpc.grpc.status_code", 0)
+            span.set_attribute("gateway.outcome", _RLS_OUTCOMES.get(bytes(answer[:2]), "unknown"))
+            return bytes(answer)
+
+    return traced  # type: ignore[return-value]
 
 
 # ---- the upstream exchange ------------------------------------------------------------------------

@@ -223,3 +223,40 @@ def test_the_check_port_makes_its_spans_too(
         assert server["attributes"]["gateway.outcome"] == "admitted"
     finally:
         gateway.stop()
+
+
+RLS_CALL = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+
+def test_the_rls_port_makes_a_span_per_call_in_envoys_trace(
+        tmp_path: Path, redis_proc: RedisProcess, receiver: Receiver) -> None:
+    """Envoy's ratelimit filter sends its traceparent as gRPC metadata: the call's span is its
+    child, the decision's span the call's; the outcome is an attribute, the descriptors are not."""
+    from tests.support.rls_client import RlsClient, request
+
+    rls_port = free_port()
+    text = ("version: 1\nrls:\n  domains:\n    d:\n      descriptors:\n        - key: user\n"
+            "          limit: {name: once, algorithm: fixed_window, limit: 1, window: 1h}\n")
+    gateway = GatewayProcess(text, tmp_path, redis_url=redis_proc.url, args=("--rls-port", str(rls_port)), env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "50"})
+    gateway.start()
+    client = RlsClient(rls_port)
+    try:
+        body = request("d", [("user", SECRET_USER)]).SerializeToString()
+        traces = []
+        for _ in range(2):
+            trace_id, client_span, header = traceparent()
+            client.raw(body, timeout=5, metadata=[("traceparent", header)])
+            traces.append((trace_id, client_span))
+        outcomes = []
+        for trace_id, client_span in traces:
+            spans = receiver.wait_for(trace_id, {RLS_CALL, "gateway.decision"})
+            call = spans[RLS_CALL]
+            assert call["parent"] == client_span and spans["gateway.decision"]["parent"] == call["span_id"]
+            assert call["attributes"]["gateway.port"] == "rls" and call["attributes"]["rpc.grpc.status_code"] == 0
+            outcomes.append(call["attributes"]["gateway.outcome"])
+        assert outcomes == ["ok", "over_limit"]
+        assert SECRET_USER not in json.dumps(receiver.spans)
+    finally:
+        client.close()
+        gateway.stop()

@@ -24,6 +24,7 @@ last stream taken, later streams refused, the calls in flight answered, then the
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import socket
 import ssl
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 from urllib.parse import quote
 
+from gateway import tracing
 from gateway.rls.http2 import (
     CANCEL,
     DATA,
@@ -76,10 +78,11 @@ Unary = Callable[[bytes], Awaitable[bytes]]
 
 
 class _Stream:
-    __slots__ = ("body", "method", "refused", "started")
+    __slots__ = ("body", "context", "method", "refused", "started")
 
     def __init__(self, method: bytes, started: float) -> None:
         self.method = method
+        self.context: tuple[bytes, bytes] | None = None  # traceparent, tracestate: with traces on only
         self.body = bytearray()
         self.refused = False  # answered already (too large): the rest of its body is dropped
         self.started = started
@@ -173,7 +176,7 @@ class GrpcProtocol(asyncio.Protocol):
         if self.closing:  # after our GOAWAY: refused, the client may retry it elsewhere
             self.conn.reset(stream_id, REFUSED_STREAM)
             return
-        method = path = content_type = b""
+        method = path = content_type = parent = state = b""
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -181,6 +184,10 @@ class GrpcProtocol(asyncio.Protocol):
                 method = value
             elif name == b"content-type":
                 content_type = value
+            elif name == b"traceparent":
+                parent = value
+            elif name == b"tracestate":
+                state = value
         grpc = content_type == b"application/grpc" or content_type.startswith((b"application/grpc+",
                                                                               b"application/grpc;"))
         if method != b"POST" or not grpc:
@@ -192,7 +199,9 @@ class GrpcProtocol(asyncio.Protocol):
             return
         self.active = time.monotonic()
         self.last_stream = max(self.last_stream, stream_id)
-        self.streams[stream_id] = _Stream(path, self.active)
+        stream = self.streams[stream_id] = _Stream(path, self.active)
+        if parent and tracing.ON:
+            stream.context = (parent, state)
         if ended:
             self._ended(stream_id)
 
@@ -230,7 +239,13 @@ class GrpcProtocol(asyncio.Protocol):
             except GrpcError as exc:
                 self._error(stream_id, exc.status, exc.message)
             return
-        task = asyncio.get_running_loop().create_task(self._call(stream_id, self.calls[stream.method], message))
+        call = self._call(stream_id, self.calls[stream.method], message)
+        if stream.context is None:
+            task = asyncio.get_running_loop().create_task(call)
+        else:  # the call's task knows the caller's trace context (gateway/tracing.py)
+            context = contextvars.copy_context()
+            context.run(tracing.CALL_CONTEXT.set, stream.context)
+            task = asyncio.get_running_loop().create_task(call, context=context)
         self.tasks[stream_id] = task
 
     async def _call(self, stream_id: int, handler: Unary, message: bytes) -> None:
