@@ -28,6 +28,8 @@ from gateway.parent_death import dying_with_this_process
 from gateway.scratch_dirs import remove as remove_scratch_dir
 from gateway.scratch_dirs import scratch_dir
 
+MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL (Linux)
+
 
 def redis_server_binary() -> str:
     explicit = os.environ.get("GATEWAY_REDIS_SERVER")
@@ -64,6 +66,11 @@ class EmbeddedRedis:
         self.extra_args = extra_args
         self.env = env
         self.dir = Path(scratch_dir("gateway-redis-"))  # the socket: short, private path
+        if len(os.fsencode(self.dir / "redis.sock")) > MAX_SOCKET_PATH:
+            # a long TMPDIR: a unix socket's path holds at most 107 bytes, and redis-server would
+            # start without its socket and never answer; /tmp is short everywhere
+            remove_scratch_dir(str(self.dir))
+            self.dir = Path(scratch_dir("gateway-redis-", "/tmp"))
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.socket_path = str(self.dir / "redis.sock")
         self.die_with_parent = die_with_parent  # only when started from the main thread

@@ -17,10 +17,10 @@ OWNER = ".owner"
 _held: dict[str, int] = {}  # each directory this process made -> its lock's descriptor
 
 
-def scratch_dir(prefix: str) -> str:
-    """A new directory `<tmp>/<prefix>XXXXXXXX`, locked while this process runs."""
-    sweep(prefix)
-    path = tempfile.mkdtemp(prefix=prefix)
+def scratch_dir(prefix: str, under: str | None = None) -> str:
+    """A new directory `<tmp>/<prefix>XXXXXXXX` (or under `under`), locked while this process runs."""
+    sweep(prefix, under)
+    path = tempfile.mkdtemp(prefix=prefix, dir=under)
     fd = os.open(os.path.join(path, OWNER), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     _held[path] = fd
@@ -34,9 +34,9 @@ def remove(path: str) -> None:
         os.close(fd)
 
 
-def sweep(prefix: str) -> None:
+def sweep(prefix: str, under: str | None = None) -> None:
     """Remove the directories of `prefix` whose owner is gone."""
-    for candidate in Path(tempfile.gettempdir()).glob(prefix + "*"):
+    for candidate in Path(under or tempfile.gettempdir()).glob(prefix + "*"):
         try:
             fd = os.open(candidate / OWNER, os.O_RDWR | os.O_CLOEXEC)
         except OSError:

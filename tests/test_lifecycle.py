@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -89,8 +90,9 @@ def get_quietly(url: str) -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_supervisor_killed_with_sigkill_leaves_nothing_behind(workers: int, tmp_path: Path,
                                                                 upstream: Upstream) -> None:
-    scratch = tmp_path / "tmp"  # the gateway's temporary directory: its metrics' and Redis's scratch dirs
-    scratch.mkdir()
+    # the gateway's temporary directory (its metrics' and Redis's scratch dirs): short, as a unix
+    # socket's path must be (the suite's own tmp_path is long under pytest-xdist)
+    scratch = Path(tempfile.mkdtemp(prefix="lc-", dir="/tmp"))
     gateway = GatewayProcess(ROUTES.format(upstream=upstream.url), tmp_path, workers=workers,  # embedded Redis
                              env={"TMPDIR": str(scratch)})
     gateway.start()
@@ -118,6 +120,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_nothing_behind(workers: int, tm
         gateway.start()  # the next start removes what the killed one left in the temporary directory
         gateway.stop()
         assert list(scratch.iterdir()) == []
+        scratch.rmdir()
     finally:
         for pid in left:  # never leave one running, whatever failed
             if not gone(pid):
@@ -185,3 +188,26 @@ def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_pa
             os.killpg(make.pid, signal.SIGKILL)
             make.wait()
         log.close()
+
+
+def test_an_embedded_redis_starts_under_a_temporary_directory_too_long_for_a_socket(tmp_path: Path) -> None:
+    """A unix socket's path holds at most 107 bytes: under a longer TMPDIR the embedded Redis's
+    socket goes to /tmp (before, redis-server started without it and the gateway gave up after 10 s,
+    saying only that it did not start in time)."""
+    from gateway.embedded import EmbeddedRedis
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    previous = tempfile.tempdir
+    tempfile.tempdir = str(deep)
+    try:
+        redis = EmbeddedRedis()
+    finally:
+        tempfile.tempdir = previous
+    try:
+        redis.start()
+        assert redis.ping()
+        assert len(os.fsencode(redis.socket_path)) <= 107 and redis.socket_path.startswith("/tmp/")
+    finally:
+        redis.stop()
+    assert not Path(redis.socket_path).parent.exists()

@@ -58,6 +58,6 @@ def test_a_split_rule_s_override_holds_over_the_shards_of_a_cluster(cluster: Red
         assert too_small.status_code == 400 and too_small.json()["field"] == "limit"   # 1 over 2 shards: 0 in one
         assert "each needs at least 1" in too_small.json()["detail"]
         listed = httpx.get(f"{gateway.admin_url}/overrides/sale/stock").json()
-        assert listed["count"] == 1 and listed["overrides"] == [{"key": "9", "override": {"limit": 10}}]
+        assert listed["count"] == 1 and listed["overrides"] == [{"key": "9", "token": "9", "override": {"limit": 10}}]
     finally:
         assert gateway.stop() == 0
