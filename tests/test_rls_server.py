@@ -98,21 +98,25 @@ class Raw:
         self.sock.close()
 
 
-@pytest.fixture(scope="module", params=["lean", "h2"])
-def port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         redis_proc: RedisProcess) -> Iterator[int]:
-    """The RLS port on libnghttp2 (the gateway's) and on h2 (the comparison, gateway/rls/http2.py)."""
-    tmp = tmp_path_factory.mktemp("rls-server")
+def _serving(tmp: Path, redis_proc: RedisProcess, kind: str, env: dict[str, str] | None = None) -> Iterator[int]:
+    """A gateway serving FILE on its RLS port, on libnghttp2 ("lean") or on h2 (the comparison)."""
     (tmp / "d.yaml").write_text(FILE)
     rls_port = free_port()
     gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
-                             args=("--rls-port", str(rls_port)), rls_server=request.param)
+                             args=("--rls-port", str(rls_port)), env=env, rls_server=kind)
     gateway.start()
     try:
         yield rls_port
     finally:
         assert gateway.stop() == 0
         assert "Traceback" not in gateway.log(), gateway.log()
+
+
+@pytest.fixture(scope="module", params=["lean", "h2"])
+def port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+         redis_proc: RedisProcess) -> Iterator[int]:
+    """The RLS port on libnghttp2 (the gateway's) and on h2 (the comparison, gateway/rls/http2.py)."""
+    yield from _serving(tmp_path_factory.mktemp("rls-server"), redis_proc, request.param)
 
 
 def message(value: str = "v") -> bytes:
@@ -305,18 +309,8 @@ def test_not_grpc_and_compressed_are_refused(port: int) -> None:
 def short_idle_port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                     redis_proc: RedisProcess) -> Iterator[int]:
     """A gateway whose RLS connections may go IDLE seconds without a call, on either HTTP/2."""
-    tmp = tmp_path_factory.mktemp("rls-idle")
-    (tmp / "d.yaml").write_text(FILE)
-    rls_port = free_port()
-    gateway = GatewayProcess("version: 1\nrls: {files: [d.yaml]}\n", tmp, redis_url=redis_proc.url,
-                             args=("--rls-port", str(rls_port)), env={"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)},
-                             rls_server=request.param)
-    gateway.start()
-    try:
-        yield rls_port
-    finally:
-        assert gateway.stop() == 0
-        assert "Traceback" not in gateway.log(), gateway.log()
+    yield from _serving(tmp_path_factory.mktemp("rls-idle"), redis_proc, request.param,
+                        {"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)})
 
 
 IDLE = 2
