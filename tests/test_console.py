@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -74,8 +75,10 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 
 
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], Any], seconds: float = 15.0) -> Any:
-    """Until the page's DOM meets `condition` (checked every 100 ms)."""
-    return WebDriverWait(driver, within(seconds), poll_frequency=0.1).until(condition)
+    """Until the page's DOM meets `condition` (checked every 100 ms). The page redraws live, so an
+    element found may be replaced before it is read: that check is simply made again."""
+    return WebDriverWait(driver, within(seconds), poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def refused_peak(driver: WebDriver, route: str) -> float:
@@ -105,8 +108,9 @@ def test_the_page_loads_with_the_routes_and_a_burst_of_refusals_shows_within_sec
         return rows[0].text.split()[1:4] if rows else []
 
     wait_for(browser, lambda d: top_row(d) == ["api", "user", "28"])  # both workers' refusals counted
-    rule_rates = browser.find_element(By.CSS_SELECTOR, '[data-route="api"] [data-rule="user"] .rate')
-    wait_for(browser, lambda d: float(rule_rates.get_attribute("data-refused-peak") or 0) > 0)
+    rule_rates = '[data-route="api"] [data-rule="user"] .rate'  # found again at each check: the page redraws
+    wait_for(browser, lambda d: float(d.find_element(By.CSS_SELECTOR, rule_rates).get_attribute("data-refused-peak")
+                                      or 0) > 0)
     assert "config loaded" in browser.find_element(By.ID, "reload").text
     if path := os.environ.get("CONSOLE_SCREENSHOT"):
         browser.save_screenshot(path)
