@@ -130,12 +130,11 @@ def test_an_override_set_in_the_page_applies_to_the_next_request(
 
     # without the token the API's own check refuses it, and the page says so
     browser.find_element(By.CSS_SELECTOR, "#override-form button").click()
-    result = browser.find_element(By.ID, "override-result")
-    wait_for(browser, lambda d: result.text.startswith("401"))
+    wait_for(browser, lambda d: d.find_element(By.ID, "override-result").text.startswith("401"))
 
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.CSS_SELECTOR, "#override-form button").click()
-    wait_for(browser, lambda d: result.text.startswith("set:"))
+    wait_for(browser, lambda d: d.find_element(By.ID, "override-result").text.startswith("set:"))
     listed = user  # /overrides lists a user id as it came
     wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'#overrides tr[data-key="{listed}"]'))
 
@@ -199,16 +198,15 @@ def test_a_key_registered_in_the_page_is_let_in_and_one_deleted_is_not(
         browser.find_element(By.ID, "key-value").send_keys(key)
         Select(browser.find_element(By.ID, "key-plan")).select_by_value("pro")
         browser.find_element(By.CSS_SELECTOR, "#key-form button").click()
-        result = browser.find_element(By.ID, "key-result")
-        wait_for(browser, lambda d: "on plan pro" in result.text)
-        fingerprint = result.text.split()[0]
+        wait_for(browser, lambda d: "on plan pro" in d.find_element(By.ID, "key-result").text)
+        fingerprint = browser.find_element(By.ID, "key-result").text.split()[0]
         assert fingerprint.startswith("kf_") and key not in browser.page_source  # the key itself is never shown
         wait_until(lambda: httpx.get(f"{gateway.url}/echo/x", headers={"X-Api-Key": key}).status_code == 200,
                    timeout=10)  # every worker reads the change within a second or two
 
         row = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'#keys tr[data-key="{fingerprint}"]'))
         row[0].find_element(By.TAG_NAME, "button").click()
-        wait_for(browser, lambda d: result.text == f"deleted {fingerprint}")
+        wait_for(browser, lambda d: d.find_element(By.ID, "key-result").text == f"deleted {fingerprint}")
         wait_until(lambda: httpx.get(f"{gateway.url}/echo/x", headers={"X-Api-Key": key}).status_code == 401,
                    timeout=10)
     finally:
