@@ -195,7 +195,11 @@ class RequestView:
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
         self.plan: str | None = None  # the plan of the request's API key (`keys:`), once read
-        self.method = request.counted_method()  # as the matched route's upstream acts on it
+        self.method: str | None = None  # as the matched route's upstream acts on it (None: the request's own)
+
+    def acted_method(self) -> str:
+        """The method the matched route's upstream acts on (GET for HEAD; an override's, if honoured)."""
+        return self.method or self.request.counted_method()
 
     def header(self, name: bytes) -> bytes | None:
         """One header's value; BadRequest if it came more than once."""
@@ -287,7 +291,7 @@ class RequestView:
         if kind == "cookie":
             return self.cookie(source.name.encode("latin-1"))
         if kind == "method":
-            return self.method.encode()
+            return self.acted_method().encode()
         if kind == "jwt":
             return self.claim(source.name)
         if kind == "body":

@@ -148,7 +148,8 @@ class Guard:
     def priority(self, view: RequestView) -> Priority:
         """The first priority whose match the request meets; the last takes the rest."""
         for priority in self.protect.priorities[:-1]:
-            if (priority.methods is None or view.method in priority.methods) and view.meets_conditions(priority.when):
+            if ((priority.methods is None or view.acted_method() in priority.methods)
+                    and view.meets_conditions(priority.when)):
                 return priority
         return self.protect.priorities[-1]
 
