@@ -34,7 +34,7 @@ from gateway.settings import Settings
 
 @dataclass(frozen=True)
 class Composed:
-    app: Starlette
+    app: ASGIApp  # Doors: the hot ports straight to their endpoint, the rest through Starlette
     lifecycle: Lifecycle
     endpoint: ProxyEndpoint  # its `answer_early` is the server protocol's early path
     rls_server: GrpcServer | None = None  # Envoy's rate limit service, on its own socket (--rls-port)
@@ -46,12 +46,15 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
     limits = Limits(settings.max_head_bytes, settings.body_timeout)
     accounting = tracing.accounted(Accounting(lifecycle.top))
     endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
+    proxy = tracing.served(endpoint, "proxy")
     routes: list[BaseRoute] = [AdminPort(settings.admin_port, admin_app(lifecycle))]
+    doors = {settings.port: proxy}
     if settings.check_port is not None:
-        routes.append(AdminPort(settings.check_port,
-                                tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")))
+        check = tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")
+        routes.append(AdminPort(settings.check_port, check))
+        doors[settings.check_port] = check
     app = Starlette(
-        routes=[*routes, Proxied(tracing.served(endpoint, "proxy"))],
+        routes=[*routes, Proxied(proxy)],
         lifespan=lifecycle.lifespan,
         exception_handlers={Exception: _internal_error},
     )
@@ -61,7 +64,28 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
         rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): tracing.rls_call(service.should_rate_limit)},
                                 {HEALTH_CHECK.encode(): lambda body: health(body, lifecycle.current())},
                                 settings.rls_idle_timeout)
-    return Composed(app, lifecycle, endpoint, rls_server)
+    return Composed(Doors(app, doors), lifecycle, endpoint, rls_server)
+
+
+class Doors:
+    """The worker's ASGI application. A request on the proxy or check port goes straight to its
+    endpoint: each port has one, so Starlette's router and middleware would only pass it on (a
+    fifth of the check port's CPU). The lifespan, the admin port and any other socket (a unix
+    socket, a test's server) go through the Starlette application; an endpoint's exception is the
+    server protocol's 500 (gateway/http/server.py), as Starlette's would be."""
+
+    def __init__(self, app: Starlette, by_port: dict[int, ASGIApp]) -> None:
+        self.app = app
+        self.by_port = by_port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if server is not None and scope["type"] == "http":
+            door = self.by_port.get(server[1])
+            if door is not None:
+                await door(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Endpoint(BaseRoute):
