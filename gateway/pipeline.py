@@ -45,6 +45,9 @@ MAX_COST_HEADER = 1_000_000_000
 SETTLE_MARGIN = 0.01  # seconds; with redis.timeout: how long before its window ends a refund is still sent
 
 
+EARLY_WORK = "gateway.early"  # a scope's key: what `decide_now` read of a request it did not answer
+
+
 class Matched(NamedTuple):
     request: Request
     plan: RoutePlan
@@ -56,6 +59,10 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     """The whole way for one request: at most one limiter call (one Redis script call). `guarded`
     (the proxy port): a protected upstream's slot is taken before that call, and given back if the
     rules refuse; a request refused for want of one (503) is never counted by its rules."""
+    early = scope.pop(EARLY_WORK, None)
+    if early is not None and early[0] is runtime:  # `decide_now` matched and identified it a moment ago
+        _, (request, plan, view), identified = early
+        return await _guarded(runtime, plan, request, view, identified, request.has_body, guarded)
     step = _match(runtime, scope, limits)
     if isinstance(step, Answer):
         return step
@@ -83,7 +90,12 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limit
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
-    guard = runtime.guards.get(route.name) if guarded and not request.upgrade else None
+    return await _guarded(runtime, plan, request, view, identified, more_body, guarded)
+
+
+async def _guarded(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
+                   more_body: bool, guarded: bool) -> Admit | Answer:
+    guard = runtime.guards.get(plan.route.name) if guarded and not request.upgrade else None
     if guard is None:
         return await _limited(runtime, plan, request, view, identified, more_body)
     return await _in_a_place(guard, runtime, plan, request, view, identified, more_body)
@@ -184,11 +196,13 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        rules, keys, costs, _, _, parts = identify(plan, view, runtime.overrides.get(plan.route.name))
+        identified = identify(plan, view, runtime.overrides.get(plan.route.name))
     except (IdentityMissing, BadRequest):
         return None
+    rules, keys, costs, _, _, parts = identified
     decision = _held_decision(runtime, plan, rules, keys, costs)
     if decision is None:
+        scope[EARLY_WORK] = runtime, step, identified  # not thrown away: `decide()` goes on from here
         return None
     answer = _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
     if plan.repeatable:
