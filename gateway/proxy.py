@@ -33,7 +33,8 @@ from starlette.types import Receive, Send
 from gateway import tracing
 from gateway.config import Upstream
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.http.request import HOP_BY_HOP, Request
+from gateway.hop_by_hop import HOP_BY_HOP
+from gateway.http.request import Request
 from gateway.http.transport import LeanTransport, tls_context
 from gateway.settings import DEFAULTS
 from gateway.usage import AnswerUsage

@@ -24,7 +24,6 @@ from gateway.proxy import UpstreamClient
 from gateway.redis import CONNECT_TIMEOUT, make_runner
 from gateway.refusals import LocalRefusals
 from gateway.repeats import Repeats
-from gateway.rls.domains import Domain, domains_of
 from gateway.settlement import Settler
 
 
@@ -43,7 +42,6 @@ class Runtime:
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     keys: KeyTable | None = None  # the deployment's API keys, when the config has `keys:` (gateway/api_keys.py)
-    rls: dict[str, Domain] = field(default_factory=dict)  # the rate limit service's domains (gateway/rls/)
     guards: dict[str, Guard] = field(default_factory=dict)  # per protected route: its limit in flight (protect:)
     in_flight: int = 0
     retired: bool = False
@@ -124,6 +122,5 @@ def build_runtime(
         refusals=refusals,
         settler=Settler(limiter, refusals),
         leases=Leases(limiter),
-        rls=domains_of(config.rls, plans),
         guards=guards,
     )

@@ -1,12 +1,9 @@
-"""The package's import graph has no circle: every `from gateway... import` counts, those under
-`if TYPE_CHECKING:` and inside functions too (a type-only circle is still a circle a reader has to
-hold in their head). `python tests/test_import_graph.py` prints the graph, one module a line with
-what it imports, and the circles if any.
-
-Before issue 32's round, five modules formed one: overrides -> runtime -> overrides, repeats ->
-pipeline -> repeats, settlement -> runtime -> settlement. RoutePlan now lives in gateway/plan.py,
-Admit and Answer in gateway/outcome.py, and the overrides' sync loop in gateway/override_sync.py.
-"""
+"""The package's import graph has no circle, between modules or between packages: every `from
+gateway... import` counts, those under `if TYPE_CHECKING:` and inside functions too (a type-only
+circle is still a circle a reader has to hold in their head). At the package level each subpackage
+(gateway.config, gateway.http, gateway.redis, gateway.rls) is one node and every top-level module
+its own. `python tests/test_import_graph.py` prints the graph, one module a line with what it
+imports, and the circles if any."""
 
 from __future__ import annotations
 
@@ -43,6 +40,22 @@ def import_graph() -> dict[str, set[str]]:
                 graph[name] |= {a.name for a in node.names} & found.keys()
         graph[name].discard(name)
     return graph
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` with each subpackage's modules drawn together as one node."""
+    packages = {".".join(name.split(".")[:2]) for name in graph if name.count(".") >= 2}
+
+    def node(name: str) -> str:
+        package = ".".join(name.split(".")[:2])
+        return package if package in packages else name
+
+    drawn: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        drawn.setdefault(node(name), set()).update(node(other) for other in imported)
+    for name, imported in drawn.items():
+        imported.discard(name)
+    return drawn
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -93,6 +106,21 @@ def test_the_package_imports_in_no_circle() -> None:
     assert circles(graph) == []
 
 
+def test_no_package_imports_another_that_imports_it_back() -> None:
+    drawn = package_graph(import_graph())
+    assert {"gateway.config", "gateway.http", "gateway.rls", "gateway.redis"} <= drawn.keys()
+    assert circles(drawn) == []
+
+
+def test_a_circle_through_two_packages_is_found() -> None:
+    graph = {"gateway.config.loader": {"gateway.hop"}, "gateway.hop": set(),
+             "gateway.http.request": {"gateway.hop"}, "gateway.http.transport": {"gateway.config.model"},
+             "gateway.config.model": set()}
+    assert circles(package_graph(graph)) == []
+    graph["gateway.config.loader"].add("gateway.http.request")  # config -> http -> config
+    assert circles(package_graph(graph)) == [["gateway.config", "gateway.http"]]
+
+
 def test_the_checker_finds_a_circle() -> None:
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
@@ -102,6 +130,6 @@ if __name__ == "__main__":
     graph = import_graph()
     for name in sorted(graph):
         print(f"{name} -> {', '.join(sorted(graph[name])) or '-'}")
-    found = circles(graph)
+    found = circles(graph) + circles(package_graph(graph))
     print("circles:", found or "none")
     sys.exit(1 if found else 0)

@@ -66,7 +66,7 @@ from gateway.config.model import (
     shard_share,
 )
 from gateway.errors import ConfigError, ConfigProblem
-from gateway.http.request import HOP_BY_HOP
+from gateway.hop_by_hop import HOP_BY_HOP
 from gateway.typed_values import TYPES
 
 Params = Mapping[str, str | None]  # a route's path parameters and the type its template gives each

@@ -31,12 +31,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from gateway.errors import BadRequest, HeadTooLarge, NotImplementedRequest
+from gateway.hop_by_hop import HOP_BY_HOP
 from gateway.settings import DEFAULTS
 
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"proxy-connection",
-})
 # Written by the gateway itself when forwarding, never passed through as sent.
 REWRITTEN = frozenset({
     b"host", b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"x-request-id",

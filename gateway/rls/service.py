@@ -35,7 +35,7 @@ from gateway.limiter import Decision, Outcome, RuleSpec
 from gateway.overrides import RouteTable
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
-from gateway.rls.domains import CODE_SECONDS, Counted, Domain
+from gateway.rls.domains import CODE_SECONDS, Counted, Domain, domains_of
 from gateway.runtime import Runtime
 
 # gRPC status codes (grpc/status.h)
@@ -170,6 +170,17 @@ class RateLimitService:
 
     def __init__(self, current: Callable[[], Runtime | None]) -> None:
         self.current = current
+        self.compiled: list[tuple[Runtime, dict[str, Domain]]] = []  # the newest runtimes' domains
+
+    def domains(self, runtime: Runtime) -> dict[str, Domain]:
+        """The domains of `runtime`'s config, compiled at its first call (two kept: a reload's old
+        runtime still answers the calls it took)."""
+        for seen, domains in self.compiled:
+            if seen is runtime:
+                return domains
+        domains = domains_of(runtime.config.rls, runtime.plans)
+        self.compiled = [(runtime, domains), *self.compiled[:1]]
+        return domains
 
     async def should_rate_limit(self, body: bytes) -> bytes:
         """A RateLimitRequest's bytes -> the RateLimitResponse's; raises GrpcError."""
@@ -194,7 +205,7 @@ class RateLimitService:
             raise GrpcError(INVALID_ARGUMENT, "descriptors must not be empty")
         if len(request.descriptors) > MAX_DESCRIPTORS:
             raise GrpcError(INVALID_ARGUMENT, f"at most {MAX_DESCRIPTORS} descriptors in one request")
-        domain = runtime.rls.get(request.domain)
+        domain = self.domains(runtime).get(request.domain)
         if domain is None:  # as envoyproxy/ratelimit: no config, no limit (each descriptor still checked)
             for i, descriptor in enumerate(request.descriptors):
                 _entries(descriptor, i, runtime.config.identity_max_bytes)
