@@ -65,6 +65,7 @@ from gateway.keys import identity_token, secret_part, shard_of
 from gateway.limiter import Decision, Limiter, Outcome, RuleSpec
 from gateway.overrides import COMMAND, OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
 from gateway.overrides import SUFFIX as OVERRIDES_SUFFIX
+from gateway.settings import supervised
 from gateway.top import MAX_WINDOW
 from gateway.units import parse_duration
 from gateway.which_redis import needs_embedded_redis
@@ -163,7 +164,7 @@ def admin_app(control: AdminControl) -> Starlette:
         refused = write_refusal(control, request)
         if refused is not None:
             return refused
-        if os.environ.get("GATEWAY_SUPERVISED") == "1":
+        if supervised():
             try:
                 ok, message = await _reload_every_worker(control)
             except TimeoutError:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from gateway.rls.tls import tls_context
-from gateway.settings import OPTIONS, Settings, from_env
+from gateway.settings import OPTIONS, Settings, from_env, from_process_env
 
 if TYPE_CHECKING:
     from gateway.supervisor import WorkerMain
@@ -47,8 +47,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
-        check_port = args.check_port is not None or bool(os.environ.get("GATEWAY_CHECK_PORT"))
-        return check(args.config or os.environ.get("GATEWAY_CONFIG") or Settings().config_path, check_port)
+        try:
+            env = from_process_env()
+        except ValueError as exc:
+            print(f"gateway: {exc}", file=sys.stderr)
+            return 2
+        return check(args.config or env.config_path, args.check_port is not None or env.check_port is not None)
     try:
         settings = resolve_settings(args, os.environ)
     except ValueError as exc:

@@ -14,7 +14,6 @@ every write meets the same checks as the API's.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from starlette.routing import BaseRoute, Route
 from gateway import metrics, reload_log
 from gateway.admin_common import AdminControl, problem_response
 from gateway.breaker import BreakerState
+from gateway.settings import metrics_dir
 
 STATIC = Path(__file__).with_name("console")
 # four small files, read once: the page works offline and never touches the disk per request
@@ -99,7 +99,7 @@ def decisions() -> dict[str, Any]:
 
 def _registry() -> Any:
     metrics.flush()  # this worker's last second; the others flush theirs every second
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = metrics_dir()
     if not directory:
         return REGISTRY
     registry = CollectorRegistry()

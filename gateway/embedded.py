@@ -27,12 +27,13 @@ from pathlib import Path
 from gateway.parent_death import dying_with_this_process
 from gateway.scratch_dirs import remove as remove_scratch_dir
 from gateway.scratch_dirs import scratch_dir
+from gateway.settings import redis_server_override
 
 MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL (Linux)
 
 
 def redis_server_binary() -> str:
-    explicit = os.environ.get("GATEWAY_REDIS_SERVER")
+    explicit = redis_server_override()
     if explicit:
         return explicit
     try:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
 from gateway.override_sync import Overrides, keep_in_step
 from gateway.runtime import Runtime, build_runtime, new_limiter
-from gateway.settings import Settings
+from gateway.settings import Settings, metrics_dir
 from gateway.top import TopRefused
 from gateway.which_redis import redis_settings
 
@@ -38,7 +37,7 @@ class Lifecycle:
         self.transport = transport  # the upstream transport: "lean", or "httpx" for comparisons
         self.runtime: Runtime | None = None
         # the identities refused most, shared with the other workers through the metrics directory
-        self.top = TopRefused(directory=os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.top = TopRefused(directory=metrics_dir())
         self.ready = False
         self._flusher: asyncio.Task[None] | None = None
         self.overrides = Overrides()  # per-identity overrides, kept in step with Redis

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +20,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+from gateway.settings import metrics_dir
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -144,7 +145,7 @@ def describe_rules(routes: Iterable[Any]) -> None:
     """The configured limits as gauges (at start-up and after each reload). With several workers
     prometheus_client cannot drop a label set from the files the others read (it warns, and does
     nothing): a rule reloaded away keeps its last values there until the gateway restarts."""
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not metrics_dir():
         RULE_LIMIT.clear()
         RULE_WINDOW.clear()
     for route in routes:
@@ -158,7 +159,7 @@ def render() -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 
     flush()
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = metrics_dir()
     registry: Any = REGISTRY
     if directory:
         registry = CollectorRegistry()
@@ -167,7 +168,7 @@ def render() -> tuple[bytes, str]:
 
 
 def mark_worker_dead(pid: int) -> None:
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = metrics_dir()
     if directory:
         multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
 

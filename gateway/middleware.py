@@ -33,7 +33,7 @@ import atexit
 import contextlib
 import json
 import logging
-import os
+from dataclasses import replace
 from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -49,7 +49,7 @@ from gateway.override_sync import Overrides, keep_in_step
 from gateway.pipeline import decide
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime, build_runtime, new_limiter
-from gateway.settings import DEFAULTS, Settings
+from gateway.settings import DEFAULTS, Settings, from_process_env
 from gateway.which_redis import redis_settings
 
 log = logging.getLogger("gateway")
@@ -65,8 +65,8 @@ class RateLimitMiddleware:
             self.config = load_config(config, proxy=False)
         except ConfigError as exc:  # Starlette builds middleware lazily: reported at start-up, not raised here
             self.error = exc
-        url = redis_url or os.environ.get("GATEWAY_REDIS_URL") or None
-        self.settings = Settings(config_path=str(config), redis_url=url)
+        settings = from_process_env()
+        self.settings = replace(settings, config_path=str(config), redis_url=redis_url or settings.redis_url)
         self.limits = Limits(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
         self.runtime: Runtime | None = None
         self.embedded: EmbeddedRedis | None = None

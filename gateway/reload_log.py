@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway.settings import metrics_dir
+
 _own: dict[str, Any] | None = None
 
 
 def _path() -> Path | None:
-    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = metrics_dir()
     return Path(directory) / "last-reload.json" if directory else None
 
 

@@ -167,3 +167,42 @@ def from_env(env: Mapping[str, str], base: Settings | None = None) -> Settings:
         except ValueError as exc:
             raise ValueError(f"{name}={raw!r}: {exc}") from exc
     return replace(settings, **values)  # type: ignore[arg-type]
+
+
+# What a worker learns from its supervisor, and what other tools name by their own variables: read
+# here too, so that every variable the gateway reads is in this file.
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multi-process directory
+SUPERVISED = "GATEWAY_SUPERVISED"  # set for the workers of `gateway serve`
+REDIS_SERVER = "GATEWAY_REDIS_SERVER"  # the embedded Redis's binary, when not the bundled one
+
+
+def metrics_dir() -> str | None:
+    """The directory the workers' metrics are shared in; None: one process, in memory."""
+    return os.environ.get(METRICS_DIR) or None
+
+
+def supervised() -> bool:
+    """This process is a worker of `gateway serve`'s supervisor."""
+    return os.environ.get(SUPERVISED) == "1"
+
+
+def announce_supervision(metrics_directory: str) -> None:
+    """The supervisor's, before it starts workers: they inherit both."""
+    os.environ[METRICS_DIR] = metrics_directory
+    os.environ[SUPERVISED] = "1"
+
+
+def redis_server_override() -> str | None:
+    return os.environ.get(REDIS_SERVER) or None
+
+
+def opentelemetry(name: str, default: str = "") -> str:
+    """One of the OpenTelemetry SDK's own variables (OTEL_SERVICE_NAME, OTEL_TRACES_EXPORTER, ...)."""
+    if not name.startswith("OTEL_"):
+        raise ValueError(f"{name} is not an OpenTelemetry variable")
+    return os.environ.get(name, default)
+
+
+def from_process_env(base: Settings | None = None) -> Settings:
+    """`from_env` of this process's environment."""
+    return from_env(os.environ, base)

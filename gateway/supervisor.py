@@ -36,7 +36,7 @@ from gateway.parent_death import die_with_parent
 from gateway.rls.tls import tls_context
 from gateway.scratch_dirs import remove as remove_scratch_dir
 from gateway.scratch_dirs import scratch_dir
-from gateway.settings import Settings
+from gateway.settings import Settings, announce_supervision
 from gateway.which_redis import needs_embedded_redis
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
-        os.environ["GATEWAY_SUPERVISED"] = "1"
+        announce_supervision(self.metrics_dir)
         try:
             sockets = [bind(settings.host, settings.port), bind(settings.effective_admin_host, settings.admin_port)]
             if settings.check_port is not None:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from gateway.settings import opentelemetry
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -34,16 +35,16 @@ L = TypeVar("L")  # a Limiter
 U = TypeVar("U")  # a unary gRPC handler: message bytes -> answer bytes
 
 
-def _wanted(environ: MutableMapping[str, str]) -> bool:
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+def _wanted() -> bool:
+    if opentelemetry("OTEL_SDK_DISABLED").strip().lower() == "true":
         return False
-    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    exporter = opentelemetry("OTEL_TRACES_EXPORTER").strip().lower()
     if exporter:
         return exporter != "none"
-    return bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return bool(opentelemetry("OTEL_EXPORTER_OTLP_ENDPOINT") or opentelemetry("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-ON = _wanted(os.environ)
+ON = _wanted()
 # the W3C trace context fields: the client's are read; the upstream gets ours in their place
 _CONTEXT_FIELDS = (b"traceparent", b"tracestate")
 
@@ -57,10 +58,10 @@ def tracer() -> Tracer:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-    resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", "ratelimit-gateway")})
+    resource = Resource.create({SERVICE_NAME: opentelemetry("OTEL_SERVICE_NAME", "ratelimit-gateway")})
     provider = TracerProvider(resource=resource)  # its sampler: OTEL_TRACES_SAMPLER (default: the parent's)
     exporter: SpanExporter
-    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    kind = opentelemetry("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
     if kind == "console":
         exporter = ConsoleSpanExporter()
     else:
