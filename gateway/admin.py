@@ -61,9 +61,10 @@ from gateway.api_keys import from_fingerprint
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
 from gateway.console import console_routes
 from gateway.errors import ConfigError, RedisUnavailable
+from gateway.keying import keyed
 from gateway.keys import identity_token, secret_part, shard_of
 from gateway.limiter import Decision, Limiter, Outcome, RuleSpec
-from gateway.overrides import COMMAND, OverrideInvalid, Store, canonical, check_shards, overridden, parse_override
+from gateway.overrides import COMMAND, OverrideInvalid, Store, canonical, check_shards, parse_override
 from gateway.overrides import SUFFIX as OVERRIDES_SUFFIX
 from gateway.settings import supervised
 from gateway.top import MAX_WINDOW
@@ -225,13 +226,14 @@ def admin_app(control: AdminControl) -> Starlette:
         else:  # one shard: the one the first rule's identity, read from this key's, picks
             first = plan.rules[0].by
             shards = [shard_of([values[rule.by.index(s)] for s in first], plan.shards)] if plan.shards > 1 else [0]
-        keys = [plan.shard_prefix_keys[shard][index] + token for shard in shards]
-        # this identity's override, as this worker applies it (gateway/overrides.py)
-        override = overridden(runtime.overrides.get(route_name), index, token)
-        specs = override.specs if override is not None and override.rule is not None else None
+        # per shard, as this worker keys and overrides this identity (gateway/keying.py)
+        table = runtime.overrides.get(route_name)
+        found = {shard: keyed(plan, index, token, shard, table) for shard in shards}
+        keys = [found[shard].key for shard in shards]
+        override = found[shards[0]].override
 
         def spec_of(shard: int) -> RuleSpec:
-            return specs[shard] if specs else plan.shard_args[shard][index]
+            return found[shard].spec
 
         try:
             if request.method == "DELETE":
@@ -251,8 +253,8 @@ def admin_app(control: AdminControl) -> Starlette:
             states = await _each(list(zip(shards, keys, strict=True)), peek)
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
-        found = [decision.rules[0] for decision in states]
-        spent = [state.outcome is not Outcome.ADMITS or state.remaining <= 0 for state in found]
+        read = [decision.rules[0] for decision in states]
+        spent = [state.outcome is not Outcome.ADMITS or state.remaining <= 0 for state in read]
         per_shard = [{
             "shard": shard,
             "key": key,
@@ -260,8 +262,8 @@ def admin_app(control: AdminControl) -> Starlette:
             "remaining": state.remaining,
             "reset_ms": state.reset_ms,
             "exhausted": exhausted,
-        } for shard, key, state, exhausted in zip(shards, keys, found, spent, strict=True)]
-        resets = [state.reset_ms for state in found]
+        } for shard, key, state, exhausted in zip(shards, keys, read, spent, strict=True)]
+        resets = [state.reset_ms for state in read]
         out: dict[str, Any] = {
             "route": route_name,
             "rule": rule_name,
@@ -269,7 +271,7 @@ def admin_app(control: AdminControl) -> Starlette:
             "key": keys[0],
             "identity": identity,
             "limit": override.rule.quota_size if override and override.rule else rule.quota_size,
-            "remaining": sum(state.remaining for state in found),
+            "remaining": sum(state.remaining for state in read),
             "reset_ms": -1 if min(resets) < 0 else max(resets),
             "exhausted": all(spent),
         }

@@ -21,11 +21,10 @@ from gateway.config import PARAM, Route
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.problem import Headers, problem
 from gateway.identity import RequestView, rule_identity
-from gateway.keys import rule_key
+from gateway.keying import keyed, token_of
 from gateway.limiter import RuleSpec
 from gateway.match import compile_template
 from gateway.outcome import Admit
-from gateway.overrides import overridden
 from gateway.runtime import Runtime
 
 Reply = tuple[int, Headers, bytes]
@@ -110,20 +109,16 @@ def _reads(runtime: Runtime, admit: Admit) -> list[_Read]:
                 shard = plan.shard_of(parts)
             if parts is None:
                 continue
-            prefix = plan.shard_prefix_keys[shard][i]
-            key = rule_key(prefix, parts, plan.readable[i])
+            found = keyed(plan, i, token_of(plan, i, parts), shard, table)
+            if found.unlimited:  # for this identity
+                continue
+            key = found.key
             if key in seen:
                 routes = seen[key].routes
                 if routes is not None and name not in routes:
                     routes.append(name)
                 continue
-            spec, limit = plan.shard_args[shard][i], rule.quota_size
-            found = overridden(table, i, key[len(prefix):]) if table else None
-            if found is not None:
-                if found.rule is None:  # unlimited for this identity
-                    continue
-                spec, limit = found.specs[shard], found.rule.quota_size
-            seen[key] = _Read(name, rule.name, limit, spec, key, rule.shared)
+            seen[key] = _Read(name, rule.name, found.rule.quota_size, found.spec, key, rule.shared)
             out.append(seen[key])
     return out
 

@@ -167,7 +167,12 @@ def shard_tags(route: str, shards: int) -> tuple[str, ...]:
     return tuple(tags)
 
 
+def form_token(parts: Sequence[bytes], form: KeyForm) -> str:
+    """The identity token of a rule of this `key_form` for the parts read from a request."""
+    return identity_token(canonical_parts(parts, form), form.readable)
+
+
 def rule_key(rule_prefix: str, parts: Sequence[bytes], form: KeyForm) -> str:
     """A rule's key for one identity, from the rule's `state_key(prefix, route, rule, "")`
     (computed once per route), the identity's parts and the rule's `key_form`."""
-    return rule_prefix + identity_token(canonical_parts(parts, form), form.readable)
+    return rule_prefix + form_token(parts, form)

@@ -27,11 +27,12 @@ from gateway.decision import decide as decide_rules
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Request, read_request
 from gateway.identity import RequestView, rule_identity
-from gateway.keys import rule_key, shown
+from gateway.keying import keyed, token_of
+from gateway.keys import shown
 from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
-from gateway.overrides import RouteTable, overridden
+from gateway.overrides import RouteTable
 from gateway.plan import RoutePlan
 from gateway.protect import RETRY_AFTER, Guard, shed_answer_fields
 from gateway.repeats import Seen, request_key
@@ -303,8 +304,7 @@ def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], parts: list[li
     rule = rules[by]
     status, headers, body = refusal(plan.route, rules, decision)
     at = next(i for i, r in enumerate(plan.rules) if r.name == rule.name)  # rule: maybe overridden
-    found = parts[at]
-    identity = shown(found, plan.readable[at]) if found is not None else identity_of(keys[at])
+    identity = shown(parts[at] or (), plan.readable[at])  # a refusing rule was counted: its parts were read
     return Answer(status, headers, body, RequestOutcome.REFUSED, plan.route.name, rule.name, False,
                   usable_request_id(request_id), decided_by, identity)
 
@@ -325,28 +325,23 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
     keys: list[str] = []
     costs: list[int | None] = []
     read: list[list[bytes] | None] = []
-    args, prefix_keys, shard = plan.args, plan.prefix_keys, 0
+    args, shard = plan.args, 0
     for i, rule in enumerate(plan.rules):
         parts = rule_identity(rule, view)
         read.append(parts)
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
             shard = plan.shard_of(parts)
-            args, prefix_keys = plan.shard_args[shard], plan.shard_prefix_keys[shard]
-        if parts is None:
-            keys.append(prefix_keys[i])
+            args = plan.shard_args[shard]
+        found = keyed(plan, i, token_of(plan, i, parts), shard, overrides) if parts is not None else None
+        if found is None or found.unlimited:  # no identity (on_missing: skip), or none for this one: it sits out
+            keys.append(plan.shard_prefix_keys[shard][i])
             costs.append(None)
             continue
-        key = rule_key(prefix_keys[i], parts, plan.readable[i])
-        if overrides and (found := overridden(overrides, i, key[len(prefix_keys[i]):])) is not None:
-            if found.rule is None:  # unlimited: the rule sits out for this identity
-                keys.append(prefix_keys[i])
-                costs.append(None)
-                continue
-            args = (*args[:i], found.specs[shard], *args[i + 1:])
-            rule = found.rule
-        rules.append(rule)
-        keys.append(key)
-        costs.append(_cost(rule, view))
+        if found.override is not None:
+            args = (*args[:i], found.spec, *args[i + 1:])
+        rules.append(found.rule)
+        keys.append(found.key)
+        costs.append(_cost(found.rule, view))
     return Identified(rules, keys, costs, args, shard, read)
 
 
@@ -358,11 +353,6 @@ def _held_decision(runtime: Runtime, plan: RoutePlan, rules: list[Rule], keys: l
         return None
     count_held(plan.route.name, rules, decision)
     return decision
-
-
-def identity_of(key: str) -> str:
-    """A rule key's identity token: its last segment, as `keys.identity_token` wrote it."""
-    return key.split("}:", 1)[1].split(":", 1)[1]
 
 
 async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[bytes | None, bool]:

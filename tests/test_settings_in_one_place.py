@@ -23,7 +23,7 @@ def named_reads(source: str) -> list[int]:
                 found.append(node.lineno)
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_environ(node.value):
             found.append(node.lineno)
-        if target is not None and isinstance(target, ast.Name) and target.id == "os":
+        if isinstance(node, ast.Call) and isinstance(target, ast.Name) and target.id == "os":
             found.append(node.lineno)
     return found
 

@@ -8,9 +8,10 @@ from typing import Any, NamedTuple
 
 from gateway.config import Rule
 from gateway.config.model import RlsDescriptor, RlsDomain
-from gateway.keys import identity_token, rule_key, shard_tags, state_key
+from gateway.keying import keyed, token_of
+from gateway.keys import identity_token, shard_tags, state_key
 from gateway.limiter import RuleSpec, rule_spec
-from gateway.overrides import RouteTable, overridden
+from gateway.overrides import RouteTable
 from gateway.plan import RoutePlan
 from gateway.rls import messages as pb
 
@@ -75,17 +76,14 @@ class Domain:
                 overrides: RouteTable | None) -> Counted | None:
         """Rule `index` for the identity `parts` in `shard`, as overridden for it; None when an
         override makes it unlimited."""
-        prefix = self.plan.shard_prefix_keys[shard][index] if self.plan.shards > 1 else self.plan.prefix_keys[index]
-        key = rule_key(prefix, parts, self.plan.readable[index])
-        rule, spec = self.plan.rules[index], (self.whole if whole else self.shares[shard])[index]
-        found = overridden(overrides, index, key[len(prefix):]) if overrides else None
-        if found is not None:
-            if found.rule is None:
-                return None
-            rule = found.rule
-            spec = rule_spec(rule) if whole else rule_spec(rule, self.plan.shards, shard)
-            return Counted(rule, spec, key, self.limits[index])
-        return Counted(rule, spec, key, self.limits[index], configured=True)
+        found = keyed(self.plan, index, token_of(self.plan, index, parts), shard, overrides)
+        if found.unlimited:
+            return None
+        if found.override is not None:  # the whole limit or a share, as the call counts this rule
+            spec = rule_spec(found.rule) if whole else rule_spec(found.rule, self.plan.shards, shard)
+            return Counted(found.rule, spec, found.key, self.limits[index])
+        spec = (self.whole if whole else self.shares[shard])[index]
+        return Counted(found.rule, spec, found.key, self.limits[index], configured=True)
 
     def dynamic(self, found: tuple[Rule, Any], entries: list[tuple[str, str]], shard: int,
                 key_prefix: str) -> Counted:
