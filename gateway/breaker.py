@@ -5,7 +5,7 @@ No request is ever the probe. A request's budget is redis.timeout (50 ms by defa
 call to a Redis that came back must connect, say who it is, and load the scripts again: several
 round trips, each waiting its turn on an event loop that a saturated worker keeps busy for tens of
 milliseconds. A request-borne probe then timed out every time, the breaker opened again, and the
-limits never came back while the load lasted (issue 27). The probe has a budget of its own.
+limits never came back while the load lasted. The probe has a budget of its own.
 """
 
 from __future__ import annotations

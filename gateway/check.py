@@ -1,4 +1,4 @@
-"""The check endpoint (SPEC section 7): the forward-auth question of nginx `auth_request`,
+"""The check endpoint: the forward-auth question of nginx `auth_request`,
 ingress-nginx `auth-url`, Traefik `ForwardAuth`, Caddy `forward_auth` and Envoy `ext_authz` (HTTP).
 
 Every request on the check port asks "may this request pass?" about another request, the one the

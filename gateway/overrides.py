@@ -1,4 +1,4 @@
-"""Per-identity overrides at runtime: one rule's numbers replaced for one identity (SPEC §2, §5).
+"""Per-identity overrides at runtime: one rule's numbers replaced for one identity.
 
 An override is the rule's own parameters (`{"rate": "100/s", "burst": 200}`,
 `{"limit": 5000, "window": "1h"}`), validated as the file's are, or `{"unlimited": true}`: that rule

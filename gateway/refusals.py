@@ -1,4 +1,4 @@
-"""Refusals answered from this worker's memory until Redis would stop refusing (issue 13).
+"""Refusals answered from this worker's memory until Redis would stop refusing.
 
 A refusal Redis gave is kept, keyed by everything the decision read: the keys of every rule of the
 route (a rule sitting out has its route/rule prefix there) and every rule's cost. While it holds,

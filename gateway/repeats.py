@@ -1,4 +1,4 @@
-"""Requests seen before, byte for byte, and what the gateway read from them (issue 13).
+"""Requests seen before, byte for byte, and what the gateway read from them.
 
 A flood repeats one request. The route it matched and the identity it was charged under (the keys
 and costs of its rules) are functions of the request's bytes and of the config, so the second time

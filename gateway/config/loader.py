@@ -260,8 +260,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None, proxy: b
                 decision_only: bool = False) -> Config:
     """Read and validate one routes.yaml. Raises ConfigError listing every problem.
 
-    proxy=False: for the in-process middleware, where routes need no upstream (SPEC section 6).
-    decision_only=True: the check port is on (SPEC section 7), where no rule may need the upstream's
+    proxy=False: for the in-process middleware, where routes need no upstream.
+    decision_only=True: the check port is on, where no rule may need the upstream's
     answer or the request's body."""
     file = str(path)
     try:

@@ -99,7 +99,7 @@ class Rule:
     @property
     def unseen_by_a_check(self) -> tuple[str, ...]:
         """The keys of this rule that need what a decision service never sees: the upstream's
-        answer, or the request's body (SPEC section 7). Empty: a check port can decide it."""
+        answer, or the request's body. Empty: a check port can decide it."""
         keys = []
         if self.count_on:
             keys.append("count_on")

@@ -1,7 +1,7 @@
 """One inbound request, read once from the ASGI scope and checked before anything else happens.
 
 `read_request(scope)` is the only place the gateway walks `scope["headers"]`. It refuses what an
-upstream could read differently from the gateway (SPEC section 4, "Framing and hostile input"):
+upstream could read differently from the gateway:
 
 - Content-Length together with Transfer-Encoding, or differing Content-Lengths: 400;
   a transfer-coding other than chunked: 501; CONNECT, or an Upgrade other than a WebSocket

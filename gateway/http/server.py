@@ -431,7 +431,7 @@ class HttpProtocol(asyncio.Protocol):
         """The client closed its connection while its request was in the app: nobody will read the
         answer, so the app's call is cancelled at once, as nginx does (proxy_ignore_client_abort
         off): the upstream request is abandoned (its connection closed), a leaky bucket's wait or a
-        WebSocket handshake ends, concurrency slots go back and settlement sees a 499 (SPEC 4)."""
+        WebSocket handshake ends, concurrency slots go back and settlement sees a 499."""
         if exchange is None or exchange.response_complete or exchange.task is None or exchange.task.done():
             return
         exchange.gone = True
@@ -575,7 +575,7 @@ class HttpProtocol(asyncio.Protocol):
         codings = self.codings
         if codings and b",".join(codings).rsplit(b",", 1)[-1].strip().lower() != b"chunked":
             # llhttp fails such a request right after this callback (its length is unknown); the
-            # SPEC's answer, as nginx's, is a 501, and the app is never entered
+            # answer, as nginx's, is a 501, and the app is never entered
             coding = b",".join(codings).strip()[:64].decode("latin-1")
             self._refuse(501, f"transfer-coding {coding!r} is not supported (only chunked)")
             raise httptools.HttpParserError("transfer-coding")

@@ -9,7 +9,7 @@ in one `write()`, the upstream socket paused while the client reads slower than 
 sends. It costs a fraction of httpcore's per-request CPU (docs/benchmarks.md, "The price of each
 library").
 
-Framing is strict (SPEC section 4): exactly one response is read per request; bytes after its end
+Framing is strict: exactly one response is read per request; bytes after its end
 close the connection and are never read as a response; a response head over `MAX_HEAD_BYTES`, a
 transfer-coding other than chunked, or Content-Length with Transfer-Encoding is an invalid
 response; trailers never become headers; a connection whose request body was not sent whole is
@@ -279,7 +279,7 @@ class Connection(asyncio.Protocol):
     def finish(self) -> bool:
         """Ends the request; True if the connection can carry another one."""
         # a connection that asked to switch protocols and was answered otherwise is never reused:
-        # the upstream may have switched its side all the same (issue 33: the next client's request
+        # the upstream may have switched its side all the same (the next client's request
         # went to a connection in that state)
         reusable = (self.complete and self.error is None and not self.closed and self.keep_alive
                     and not self.trailing and not self.upgrading)

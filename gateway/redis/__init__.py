@@ -41,7 +41,7 @@ def _options(settings: RedisSettings) -> dict[str, Any]:
     bounds them (gateway/redis/batch.py), and a connect made on a decision's path too. Connecting
     has a bound of its own, CONNECT_TIMEOUT, for the breaker's probe: it is not the decision's
     budget, which a saturated worker's event loop can spend before it sees a loopback connect
-    complete (a 20 ms bound there failed every probe under load: issue 27)."""
+    complete (a 20 ms bound there failed every probe under load)."""
     return {
         "socket_timeout": None,
         "socket_connect_timeout": max(settings.timeout, CONNECT_TIMEOUT),

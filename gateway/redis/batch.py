@@ -27,7 +27,7 @@ each node's part on a connection of that node); calls queued meanwhile wait for 
 and so ride in bigger batches when Redis is busy or slow (the deadline is still that of the first
 of them).
 
-The budget is for Redis's time, not the event loop's (issue 27). A saturated worker runs tens of
+The budget is for Redis's time, not the event loop's. A saturated worker runs tens of
 milliseconds of other requests' work between a reply's arrival and the step that reads it, and
 uvloop runs a due timer before it polls the sockets at all. So a deadline that passes is checked
 against the wire: a batch whose reply is already waiting (in the socket, or read and not yet parsed:

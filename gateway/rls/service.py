@@ -1,4 +1,4 @@
-"""`ShouldRateLimit`: Envoy's rate limit service on the gateway's engine (SPEC section 7).
+"""`ShouldRateLimit`: Envoy's rate limit service on the gateway's engine.
 
 A request names a domain and a list of descriptors. Each descriptor is looked up in its domain's
 tree as envoyproxy/ratelimit does (`Domains.limit_of`): entry by entry, `key_value` before a
