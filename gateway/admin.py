@@ -63,7 +63,7 @@ from gateway.console import console_routes
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.keying import keyed
 from gateway.keys import identity_token, secret_part, shard_of
-from gateway.limiter import Decision, Limiter, Outcome, RuleSpec
+from gateway.limiter import Decision, Limiter, RuleOutcome, RuleSpec
 from gateway.overrides import COMMAND, OverrideInvalid, Store, canonical, check_shards, parse_override
 from gateway.overrides import SUFFIX as OVERRIDES_SUFFIX
 from gateway.settings import supervised
@@ -254,7 +254,7 @@ def admin_app(control: AdminControl) -> Starlette:
         except RedisUnavailable as exc:
             return problem_response(503, f"Redis is unavailable: {exc}")
         read = [decision.rules[0] for decision in states]
-        spent = [state.outcome is not Outcome.ADMITS or state.remaining <= 0 for state in read]
+        spent = [state.outcome is not RuleOutcome.ADMITS or state.remaining <= 0 for state in read]
         per_shard = [{
             "shard": shard,
             "key": key,

@@ -25,7 +25,7 @@ from gateway.check import CheckEndpoint
 from gateway.config import Config
 from gateway.endpoint import ProxyEndpoint
 from gateway.lifecycle import Lifecycle
-from gateway.outcome import Limits
+from gateway.outcome import RequestBounds
 from gateway.responses import problem
 from gateway.rls.server import GrpcServer
 from gateway.rls.service import HEALTH_CHECK, SHOULD_RATE_LIMIT, RateLimitService, health
@@ -43,7 +43,7 @@ class Composed:
 def compose(settings: Settings, config: Config | None = None, transport: str = "lean") -> Composed:
     """The gateway's application; `transport` "httpx" is for the comparison in tests and bench only."""
     lifecycle = Lifecycle(settings, config, transport)
-    limits = Limits(settings.max_head_bytes, settings.body_timeout)
+    limits = RequestBounds(settings.max_head_bytes, settings.body_timeout)
     accounting = tracing.accounted(Accounting(lifecycle.top))
     endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
     proxy = tracing.served(endpoint, "proxy")

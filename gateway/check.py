@@ -31,7 +31,7 @@ from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.config import Config
 from gateway.errors import BadRequest
-from gateway.outcome import GONE, Admit, Answer, Limits, RequestOutcome
+from gateway.outcome import GONE, Admit, Answer, RequestBounds, RequestOutcome
 from gateway.pipeline import decide
 from gateway.request_id import new_request_id
 from gateway.responses import Headers, problem, send_answer
@@ -55,7 +55,7 @@ _ANSWERED = (b"content-length", b"0")
 class CheckEndpoint:
     """The check port's ASGI callable, routed by the Starlette app (gateway/app.py)."""
 
-    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, accounting: Accounting) -> None:
+    def __init__(self, current: Callable[[], Runtime | None], limits: RequestBounds, accounting: Accounting) -> None:
         self.current = current
         self.limits = limits
         self.accounting = accounting

@@ -15,7 +15,7 @@ from functools import partial
 from gateway import metrics
 from gateway.config import Rule
 from gateway.errors import RedisUnavailable
-from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.limiter import Decision, RuleOutcome, RuleSpec
 from gateway.runtime import Runtime
 
 
@@ -46,9 +46,9 @@ def count_held(route: str, rules: list[Rule], decision: Decision) -> None:
 
 def count_rules(route: str, rules: list[Rule], decision: Decision) -> None:
     for rule, state in zip(rules, decision.rules, strict=True):
-        if state.outcome is Outcome.SHADOW_REFUSES:
+        if state.outcome is RuleOutcome.SHADOW_REFUSES:
             metrics.rule_decisions(route, rule.name, "shadow_refused", "redis").inc()
-        elif state.outcome is not Outcome.ADMITS:
+        elif state.outcome is not RuleOutcome.ADMITS:
             metrics.rule_decisions(route, rule.name, "refused", "redis").inc()
         elif decision.admitted:
             metrics.rule_decisions(route, rule.name, "admitted", "redis").inc()

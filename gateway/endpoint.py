@@ -22,7 +22,7 @@ from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.caller_usage import usage_answer
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.outcome import GONE, Admit, Answer, Limits, RequestOutcome
+from gateway.outcome import GONE, Admit, Answer, RequestBounds, RequestOutcome
 from gateway.pipeline import decide, decide_now
 from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
@@ -35,7 +35,7 @@ Reply = tuple[int, Headers, bytes]
 
 
 class ProxyEndpoint:
-    def __init__(self, current: Callable[[], Runtime | None], limits: Limits, port: int,
+    def __init__(self, current: Callable[[], Runtime | None], limits: RequestBounds, port: int,
                  accounting: Accounting) -> None:
         self.current = current  # the Runtime in force (a reload swaps it)
         self.limits = limits

@@ -28,12 +28,12 @@ from gateway.decision_script import (
 from gateway.errors import BreakerOpen, RedisUnavailable
 from gateway.scripts import Script
 
-__all__ = ["Decision", "Limiter", "Outcome", "RuleSpec", "RuleState", "rule_spec"]
+__all__ = ["Decision", "Limiter", "RuleOutcome", "RuleSpec", "RuleState", "rule_spec"]
 
 log = logging.getLogger("gateway.limiter")
 
 
-class Outcome(IntEnum):
+class RuleOutcome(IntEnum):
     ADMITS = 0
     REFUSES = 1
     NEVER_FITS = 2
@@ -41,7 +41,7 @@ class Outcome(IntEnum):
 
 
 class RuleState(NamedTuple):
-    outcome: Outcome
+    outcome: RuleOutcome
     remaining: int
     reset_ms: int  # -1: never resets
 
@@ -80,7 +80,7 @@ class ScriptRunner(Protocol):
     async def close(self) -> None: ...
 
 
-_OUTCOMES = tuple(Outcome)
+_OUTCOMES = tuple(RuleOutcome)
 _SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 LEASES = Script("leases")
 MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
@@ -108,7 +108,7 @@ def parse_reply(reply: list[int], layout: Layout, costs: Sequence[int | None]) -
     by -= sum(1 for cost in costs[:by] if cost is None)
     # the script reports a rule that would admit as if charged; a refused request was charged nothing
     taking_part = [cost for cost in costs if cost is not None]
-    states = [state._replace(remaining=state.remaining + cost) if state.outcome is Outcome.ADMITS else state
+    states = [state._replace(remaining=state.remaining + cost) if state.outcome is RuleOutcome.ADMITS else state
               for state, cost in zip(states, taking_part, strict=True)]
     return Decision(False, by, None if retry < 0 else retry, 0, tuple(states))
 

@@ -44,7 +44,7 @@ from gateway.config import Config, load_config
 from gateway.embedded import EmbeddedRedis
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.http.request import Request
-from gateway.outcome import Admit, Answer, Limits, RequestOutcome
+from gateway.outcome import Admit, Answer, RequestBounds, RequestOutcome
 from gateway.override_sync import Overrides, keep_in_step
 from gateway.pipeline import decide
 from gateway.responses import Headers, problem, send_answer
@@ -67,7 +67,7 @@ class RateLimitMiddleware:
             self.error = exc
         settings = from_process_env()
         self.settings = replace(settings, config_path=str(config), redis_url=redis_url or settings.redis_url)
-        self.limits = Limits(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
+        self.limits = RequestBounds(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
         self.runtime: Runtime | None = None
         self.embedded: EmbeddedRedis | None = None
         self._starting = asyncio.Lock()

@@ -40,7 +40,7 @@ class DecidedBy(StrEnum):
 
 
 @dataclass(slots=True)
-class Limits:
+class RequestBounds:
     """The per-request bounds the pipeline applies (from Settings)."""
 
     max_head_bytes: int = DEFAULTS.max_head_bytes

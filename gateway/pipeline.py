@@ -31,7 +31,7 @@ from gateway.keying import keyed, token_of
 from gateway.keys import shown
 from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, RuleSpec
-from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
+from gateway.outcome import Admit, Answer, DecidedBy, RequestBounds, RequestOutcome
 from gateway.overrides import RouteTable
 from gateway.plan import RoutePlan
 from gateway.protect import RETRY_AFTER, Guard, shed_answer_fields
@@ -55,7 +55,7 @@ class Matched(NamedTuple):
     view: RequestView
 
 
-async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Limits,
+async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: RequestBounds,
                  guarded: bool = False) -> Admit | Answer:
     """The whole way for one request: at most one limiter call (one Redis script call). `guarded`
     (the proxy port): a protected upstream's slot is taken before that call, and given back if the
@@ -172,7 +172,7 @@ def _lease(plan: RoutePlan, keys: list[str], costs: list[int | None], args: tupl
                  [costs[i] or 0 for i in held], [args[i].p2 for i in held])
 
 
-def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
+def decide_now(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Answer | None:
     """The refusal held in memory for this request, without waiting for anything; None: `decide()`
     must take it the whole way. A request seen before byte for byte is not read again
     (gateway/repeats.py)."""
@@ -213,7 +213,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: Limits) -> Answer | None:
     return answer
 
 
-def _match(runtime: Runtime, scope: Scope, limits: Limits) -> Matched | Answer:
+def _match(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Matched | Answer:
     try:
         request = read_request(scope, limits.max_head_bytes)
     except BadRequest as exc:

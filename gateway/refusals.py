@@ -34,14 +34,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.config import BUCKET_ALGORITHMS, LOCAL_REFUSALS_HOLD, LOCAL_REFUSALS_MAX, Algorithm, Rule
-from gateway.limiter import Decision, Outcome
+from gateway.limiter import Decision, RuleOutcome
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "LocalRefusals", "micros"]
 
 DEFAULT_MAX_ENTRIES = LOCAL_REFUSALS_MAX
 NEVER = float("inf")
 COSTS_PER_IDENTITY = 4  # refusals of different costs kept per identity (the newest)
-STEP_ASIDE = 8  # turns of the event loop an answer from memory lets pass before it goes out
+LET_PASS = 8  # turns of the event loop an answer from memory lets pass before it goes out
 PPM = 1000  # allowance for the rates of this clock and Redis's (NTP slews at most 500 ppm)
 
 Keys = tuple[str, ...]
@@ -121,7 +121,7 @@ class LocalRefusals:
         Redis at once: one asks (the probe), the others wait for its answer and then look again.
         Redis errors pass through (the caller's failure policy applies).
 
-        An answer from memory lets STEP_ASIDE turns of the event loop pass before it is returned.
+        An answer from memory lets LET_PASS turns of the event loop pass before it is returned.
         It is done in one turn, while an admitted request needs several (Redis's reply, the
         upstream's): under a flood every turn would carry one refusal per flooding connection and
         an honest request would wait that long at each of its turns (bench/flood.py: honest p50
@@ -139,7 +139,7 @@ class LocalRefusals:
             if now < held.until:
                 self.entries.move_to_end(identity)
                 answer = held.answer(now)
-                for _ in range(STEP_ASIDE):  # honest requests first (see the docstring)
+                for _ in range(LET_PASS):  # honest requests first (see the docstring)
                     await asyncio.sleep(0)
                 return answer, True
             if held.probe is None:
@@ -261,7 +261,7 @@ class LocalRefusals:
         if cost > rule.capacity:
             return NEVER  # refused whatever the state, until the config changes
         retry = decision.retry_after_ms
-        if retry is None or state.outcome is not Outcome.REFUSES:
+        if retry is None or state.outcome is not RuleOutcome.REFUSES:
             return None  # no retry: lifted only by a reset (a quota without period)
         if rule.algorithm in (Algorithm.LEAKY_BUCKET, Algorithm.CONCURRENCY):
             return None  # a concurrency slot may come back at any moment

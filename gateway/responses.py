@@ -14,7 +14,7 @@ from starlette.types import Send
 from gateway.calendars import next_reset
 from gateway.config import Route, Rule
 from gateway.http.problem import PROBLEM, Headers, problem
-from gateway.limiter import Decision, Outcome
+from gateway.limiter import Decision, RuleOutcome
 
 __all__ = ["PROBLEM", "Headers", "problem", "ratelimit_headers", "refusal", "send_answer"]
 
@@ -146,7 +146,7 @@ def refusal(route: Route, rules: Sequence[Rule], decision: Decision) -> tuple[in
     rule = rules[index]
     state = decision.rules[index]
     extra: dict[str, Any] = {"route": route.name, "rule": rule.name}
-    if state.outcome is Outcome.NEVER_FITS:
+    if state.outcome is RuleOutcome.NEVER_FITS:
         detail = f"request cost exceeds what rule '{rule.name}' of route '{route.name}' can ever admit"
     else:
         detail = f"rate limit '{rule.name}' of route '{route.name}' exceeded"

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Rule
-from gateway.limiter import Decision, Outcome, rule_spec
+from gateway.limiter import Decision, RuleOutcome, rule_spec
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
 from tests.support.limiter_models import NEVER, Answer, Model, Route, model_for, step_us, window_us
 from tests.support.redis_proc import binaries
@@ -82,14 +82,14 @@ def same(decision: Decision, answer: Answer, where: str) -> None:
     assert state.remaining == answer.remaining, where
     assert state.reset_ms == ms(answer.reset_us), where
     if answer.admitted:
-        assert state.outcome is Outcome.ADMITS, where
+        assert state.outcome is RuleOutcome.ADMITS, where
         assert decision.delay_ms == ms(answer.delay_us), where
         return
     assert decision.refused_by == 0, where
     if answer.retry_us == NEVER:
-        assert state.outcome is Outcome.NEVER_FITS and decision.retry_after_ms is None, where
+        assert state.outcome is RuleOutcome.NEVER_FITS and decision.retry_after_ms is None, where
     else:
-        assert state.outcome is Outcome.REFUSES and decision.retry_after_ms == ms(answer.retry_us), where
+        assert state.outcome is RuleOutcome.REFUSES and decision.retry_after_ms == ms(answer.retry_us), where
 
 
 def ttl_bound_ms(rule: Rule) -> int:
@@ -207,7 +207,7 @@ def test_retry_after_is_honest_to_the_millisecond(engine: Engine, rule: Rule) ->
     engine.at(t + (retry - 1) * 1000)
     assert not engine.decide([rule], [key], [1]).admitted
     engine.at(t + retry * 1000)
-    assert engine.decide([rule], [key], [1], peek=True).rules[0].outcome is Outcome.ADMITS
+    assert engine.decide([rule], [key], [1], peek=True).rules[0].outcome is RuleOutcome.ADMITS
     assert engine.decide([rule], [key], [1]).admitted
     assert engine.client.pttl(key) > 0  # every key carries a TTL
 
@@ -229,13 +229,13 @@ def test_a_cost_that_can_never_fit_gets_no_retry(engine: Engine, algorithm: str)
     too_big = rule.capacity + 1
     decision = engine.decide([rule], keys[:1], [too_big])
     assert not decision.admitted and decision.retry_after_ms is None and decision.refused_by == 0
-    assert decision.rules[0].outcome is Outcome.NEVER_FITS
+    assert decision.rules[0].outcome is RuleOutcome.NEVER_FITS
     # beside a rule that would only need a wait, the one that never fits is the one reported
     tight = Rule("t", (), "fixed_window", limit=1, window=60.0)
     engine.decide([tight], keys[1:], [1])
     both = engine.decide([tight, rule], [keys[1], keys[0]], [1, too_big])
     assert both.refused_by == 1 and both.retry_after_ms is None
-    assert both.rules[0].outcome is Outcome.REFUSES
+    assert both.rules[0].outcome is RuleOutcome.REFUSES
 
 
 def test_an_exhausted_quota_without_period_never_comes_back(engine: Engine) -> None:
@@ -246,7 +246,7 @@ def test_an_exhausted_quota_without_period_never_comes_back(engine: Engine) -> N
     engine.at(T0 + 400 * 86_400 * 1_000_000)  # a year and more later
     decision = engine.decide([rule], [key], [1])
     assert not decision.admitted and decision.retry_after_ms is None
-    assert decision.rules[0].outcome is Outcome.NEVER_FITS and decision.rules[0].reset_ms == -1
+    assert decision.rules[0].outcome is RuleOutcome.NEVER_FITS and decision.rules[0].reset_ms == -1
     assert engine.client.pttl(key) == -1
 
 
@@ -298,11 +298,11 @@ def test_a_route_is_all_or_nothing(engine: Engine, data: st.DataObject) -> None:
         assert decision.delay_ms == ms(expected.delay_us), where
         for rule, state, answer in zip(route, decision.rules, expected.rules, strict=True):
             if answer.admitted:
-                assert state.outcome is Outcome.ADMITS, where
+                assert state.outcome is RuleOutcome.ADMITS, where
             elif rule.shadow:
-                assert state.outcome is Outcome.SHADOW_REFUSES, where
+                assert state.outcome is RuleOutcome.SHADOW_REFUSES, where
             else:
-                assert state.outcome in (Outcome.REFUSES, Outcome.NEVER_FITS), where
+                assert state.outcome in (RuleOutcome.REFUSES, RuleOutcome.NEVER_FITS), where
         if not decision.admitted:
             assert raw_state(engine, keys) == before, where  # a refused request consumed nothing
 
@@ -317,7 +317,7 @@ def test_shadow_rules_count_but_never_refuse_or_delay(engine: Engine) -> None:
         decision = engine.decide([watch, shape], keys, [1, 1])
         assert decision.admitted and decision.delay_ms == 0  # a shadow leaky bucket delays nothing
         outcomes.append(decision.rules[0].outcome)
-    assert outcomes == [Outcome.ADMITS, Outcome.ADMITS, Outcome.SHADOW_REFUSES, Outcome.SHADOW_REFUSES]
+    assert outcomes == [RuleOutcome.ADMITS, RuleOutcome.ADMITS, RuleOutcome.SHADOW_REFUSES, RuleOutcome.SHADOW_REFUSES]
     assert engine.client.zcard(keys[0]) == 2  # counted while it admitted, not after
     # enforced, the same leaky bucket does delay: its queue holds the four shadow admissions
     enforced = Rule("shape", (), "leaky_bucket", rate=1.0, burst=5)

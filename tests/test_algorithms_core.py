@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import MAX_RULES, RedisSettings, Rule
-from gateway.limiter import Decision, Limiter, Outcome, rule_spec
+from gateway.limiter import Decision, Limiter, RuleOutcome, rule_spec
 from gateway.redis import make_runner
 from tests.support.limiter_engine import Engine as MicrosecondEngine
 from tests.support.redis_proc import RedisClock, RedisProcess
@@ -187,11 +187,11 @@ def test_all_or_nothing_and_shadow(engine: Engine) -> None:
     assert engine.decide([roomy, tight, shadow], keys, [1, 1, 1]).admitted
     refused = engine.decide([roomy, tight, shadow], keys, [1, 1, 1])
     assert not refused.admitted and refused.refused_by == 1
-    assert refused.rules[2].outcome is Outcome.SHADOW_REFUSES
+    assert refused.rules[2].outcome is RuleOutcome.SHADOW_REFUSES
     # the refused request consumed nothing: roomy still has 9
     assert engine.decide([roomy], keys[:1], [0], peek=True).rules[0].remaining == 9
     only_shadow = engine.decide([roomy, shadow], [keys[0], keys[2]], [1, 1])
-    assert only_shadow.admitted and only_shadow.rules[1].outcome is Outcome.SHADOW_REFUSES
+    assert only_shadow.admitted and only_shadow.rules[1].outcome is RuleOutcome.SHADOW_REFUSES
 
 
 def test_a_cost_that_can_never_fit_has_no_retry(engine: Engine) -> None:
@@ -200,7 +200,7 @@ def test_a_cost_that_can_never_fit_has_no_retry(engine: Engine) -> None:
                  Rule("r", (), "fixed_window", limit=3, window=1.0)):
         decision = engine.decide([rule], [key()], [4])
         assert not decision.admitted and decision.retry_after_ms is None
-        assert decision.rules[0].outcome is Outcome.NEVER_FITS
+        assert decision.rules[0].outcome is RuleOutcome.NEVER_FITS
 
 
 @pytest.mark.parametrize("rule", [
@@ -301,10 +301,10 @@ def test_a_fractional_count_written_by_someone_else_reports_whole_units(engine: 
     engine.at(T0)
     decision = engine.decide([rule], [k], [1])  # counted as 3 used: never more than the limit
     assert decision.admitted and decision.rules[0].remaining == 1
-    assert decision.rules[0].outcome is Outcome.ADMITS
+    assert decision.rules[0].outcome is RuleOutcome.ADMITS
     assert engine.decide([rule], [k], [1]).admitted
     refused = engine.decide([rule], [k], [1])
-    assert not refused.admitted and refused.rules[0].outcome is Outcome.NEVER_FITS
+    assert not refused.admitted and refused.rules[0].outcome is RuleOutcome.NEVER_FITS
 
 
 # (19 characters led by a digit: a sliding window's layout, its digits read one by one for its own d)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Config, load_config
-from gateway.outcome import Admit, Answer, DecidedBy, Limits, RequestOutcome
+from gateway.outcome import Admit, Answer, DecidedBy, RequestBounds, RequestOutcome
 from gateway.pipeline import decide, decide_now
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from tests.support.ports import free_port
@@ -41,7 +41,7 @@ routes:
     match: {{path: "/open"}}
     limits: [{{name: all, by: [], algorithm: fixed_window, limit: 100, window: 1m}}]
 """
-LIMITS = Limits()
+LIMITS = RequestBounds()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import Rule
-from gateway.limiter import Decision, Outcome, RuleState, rule_spec
+from gateway.limiter import Decision, RuleOutcome, RuleState, rule_spec
 from gateway.refusals import LocalRefusals
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys, ms
@@ -190,7 +190,8 @@ def test_when_a_refusal_runs_out_one_request_asks_for_all_that_arrive_together(e
 # --- the cache alone: bounds, reset, what it keeps --------------------------------------------------
 
 
-def refusal(by: int, retry: int | None, remaining: int, reset: int, outcome: Outcome = Outcome.REFUSES) -> Decision:
+def refusal(by: int, retry: int | None, remaining: int, reset: int,
+            outcome: RuleOutcome = RuleOutcome.REFUSES) -> Decision:
     return Decision(False, by, retry, 0, (RuleState(outcome, remaining, reset),))
 
 
@@ -247,12 +248,13 @@ def test_what_is_not_kept() -> None:
     assert not cache.remember([bucket], ["k"], [3], refusal(0, 2000, 1, 4000), clock.now)
     assert cache.remember([bucket], ["k"], [3], refusal(0, 1000, 2, 4000), clock.now)
     assert not cache.remember([leaky], ["k"], [1], refusal(0, 1000, 0, 6000), clock.now)
-    assert not cache.remember([stock], ["k"], [1], refusal(0, None, 0, -1, Outcome.NEVER_FITS), clock.now)
-    both = Decision(False, 0, 30_000, 0, (RuleState(Outcome.REFUSES, 0, 30_000), RuleState(Outcome.ADMITS, 0, 1)))
+    assert not cache.remember([stock], ["k"], [1], refusal(0, None, 0, -1, RuleOutcome.NEVER_FITS), clock.now)
+    both = Decision(False, 0, 30_000, 0, (RuleState(RuleOutcome.REFUSES, 0, 30_000),
+                                          RuleState(RuleOutcome.ADMITS, 0, 1)))
     assert not cache.remember([window, shadow], ["k", "s"], [1, 1], both, clock.now)
     assert not LocalRefusals(0, clock=clock).remember([window], ["k"], [1], refusal(0, 30_000, 0, 30_000), clock.now)
     # a cost above what the rule can ever hold: kept for the life of the config
-    assert cache.remember([stock], ["k"], [6], refusal(0, None, 5, -1, Outcome.NEVER_FITS), clock.now)
+    assert cache.remember([stock], ["k"], [6], refusal(0, None, 5, -1, RuleOutcome.NEVER_FITS), clock.now)
     clock.now += 10**12
     held = cache.answer(["k"], [6])
     assert held is not None and held.retry_after_ms is None
@@ -263,8 +265,9 @@ def test_bytes_per_entry() -> None:
     the gateway builds them."""
     rules_ = [Rule("u", (), "token_bucket", rate=5.0, burst=5), Rule("i", (), "sliding_window", limit=9, window=1.0),
               Rule("g", (), "fixed_window", limit=99, window=1.0)]
-    decision = Decision(False, 0, 200, 0, (RuleState(Outcome.REFUSES, 0, 1000), RuleState(Outcome.ADMITS, 3, 900),
-                                           RuleState(Outcome.ADMITS, 50, 900)))
+    decision = Decision(False, 0, 200, 0, (RuleState(RuleOutcome.REFUSES, 0, 1000),
+                                           RuleState(RuleOutcome.ADMITS, 3, 900),
+                                           RuleState(RuleOutcome.ADMITS, 50, 900)))
     count = 20_000
     cache = LocalRefusals(count, clock=Clock())
     tracemalloc.start()

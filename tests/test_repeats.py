@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Route
-from gateway.limiter import Decision, Outcome, RuleState
+from gateway.limiter import Decision, RuleOutcome, RuleState
 from gateway.outcome import Answer, RequestOutcome
 from gateway.repeats import MAX_BYTES, MAX_ENTRY_BYTES, Repeats, Seen, request_key
 
@@ -83,7 +83,7 @@ def held(n: int) -> Seen:
     entry = Seen(ROUTE, [], [f"rlgw:r:rule:user-{n}"], [1], None, [None])
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", b"252"), (b"retry-after", b"1"),
                (b"ratelimit-policy", b'"rule";q=10;w=60'), (b"ratelimit", b'"rule";r=0;t=1')]
-    decision = Decision(False, 0, 1000, 0, (RuleState(Outcome.REFUSES, 0, 1000),))
+    decision = Decision(False, 0, 1000, 0, (RuleState(RuleOutcome.REFUSES, 0, 1000),))
     entry.rendered = (decision, Answer(429, headers, b"{" + b"x" * 250 + b"}", RequestOutcome.REFUSED, "r", "rule",
                                        identity=f"user-{n}"))
     return entry

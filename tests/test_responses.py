@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gateway.config import Rule, parse_config
-from gateway.limiter import Decision, Outcome, RuleState
+from gateway.limiter import Decision, RuleOutcome, RuleState
 from gateway.responses import ratelimit_headers
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
@@ -38,7 +38,7 @@ def _rules() -> tuple[Rule, ...]:
 
 
 def _admitted(*remaining: int) -> Decision:
-    return Decision(True, None, None, 0, tuple(RuleState(Outcome.ADMITS, r, 30_500) for r in remaining))
+    return Decision(True, None, None, 0, tuple(RuleState(RuleOutcome.ADMITS, r, 30_500) for r in remaining))
 
 
 def test_draft_fields_list_every_enforced_rule_the_most_restrictive_first() -> None:
@@ -52,7 +52,8 @@ def test_draft_fields_list_every_enforced_rule_the_most_restrictive_first() -> N
 
 def test_a_refusal_names_the_refusing_rule_first() -> None:
     refused = Decision(False, 2, 1000, 0, tuple(RuleState(o, r, 1000) for o, r in (
-        (Outcome.ADMITS, 1), (Outcome.ADMITS, 0), (Outcome.REFUSES, 0), (Outcome.ADMITS, 9), (Outcome.ADMITS, 0))))
+        (RuleOutcome.ADMITS, 1), (RuleOutcome.ADMITS, 0), (RuleOutcome.REFUSES, 0), (RuleOutcome.ADMITS, 9),
+        (RuleOutcome.ADMITS, 0))))
     headers = dict(ratelimit_headers("both", _rules(), refused))
     assert headers[b"ratelimit"].startswith(b'"per-day";r=0;t=1, "per-second";r=1;t=1')
     assert headers[b"x-ratelimit-limit"] == b"5000" and headers[b"x-ratelimit-remaining"] == b"0"

@@ -112,7 +112,7 @@ def reply_waiting(connection: AbstractConnection) -> bool:
         return False
 
 
-class Call:
+class QueuedCall:
     """One script call waiting for its reply."""
 
     __slots__ = ("command", "future", "reply", "script")
@@ -145,7 +145,7 @@ class Batcher:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._pending: list[Call] = []
+        self._pending: list[QueuedCall] = []
         self._deadline = 0.0
         self._next: asyncio.Task[None] | None = None  # the next batch's task, until its first step
         self._in_flight: dict[asyncio.Task[None], float] = {}  # batch -> its deadline, oldest first
@@ -164,7 +164,7 @@ class Batcher:
         future: asyncio.Future[Any] = loop.create_future()
         if not self._pending:
             self._deadline = loop.time() + self.timeout
-        self._pending.append(Call(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
+        self._pending.append(QueuedCall(script, (EVALSHA, script.sha, len(keys), *keys, *args), future))
         if self._next is None and len(self._in_flight) < self.max_batches:
             self._start(loop)
         return future
@@ -255,12 +255,12 @@ class Batcher:
         return RedisTimeout(f"Redis did not answer within {self.timeout * 1000:.0f} ms")
 
     @staticmethod
-    def _fail(batch: list[Call], exc: BaseException) -> None:
+    def _fail(batch: list[QueuedCall], exc: BaseException) -> None:
         for call in batch:
             if not call.future.done():
                 call.future.set_exception(exc)
 
-    async def _send(self, batch: list[Call]) -> None:
+    async def _send(self, batch: list[QueuedCall]) -> None:
         """Send the calls and settle every one of them (the topology's part)."""
         raise NotImplementedError
 

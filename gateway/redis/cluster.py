@@ -43,7 +43,7 @@ from typing import Any
 from redis import exceptions as rx
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting, warm
+from gateway.redis.batch import Arg, Batcher, QueuedCall, exchange, reply_waiting, warm
 from gateway.redis.errors import REDIS_FAILURES, convert
 from gateway.scripts import Script
 
@@ -61,7 +61,7 @@ class _Pending:
 
     __slots__ = ("ask", "call", "reload", "slot")
 
-    def __init__(self, call: Call, slot: int) -> None:
+    def __init__(self, call: QueuedCall, slot: int) -> None:
         self.call = call
         self.slot = slot
         self.ask: ClusterNode | None = None  # send ASKING first, to this node
@@ -89,7 +89,7 @@ class ClusterRunner(Batcher):
     def _replies_read(self, task: asyncio.Task[None]) -> int:
         return sum(len(replies) for _, replies in self._reading.get(task, []))
 
-    async def _send(self, batch: list[Call]) -> None:
+    async def _send(self, batch: list[QueuedCall]) -> None:
         _BATCH.set(asyncio.current_task())
         cluster = self.cluster
         await cluster.initialize()  # reads the slot map the first time; after that, returns

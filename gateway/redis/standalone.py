@@ -28,7 +28,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.sentinel import Sentinel
 
-from gateway.redis.batch import Arg, Batcher, Call, exchange, reply_waiting, warm
+from gateway.redis.batch import Arg, Batcher, QueuedCall, exchange, reply_waiting, warm
 from gateway.redis.errors import REDIS_FAILURES, convert
 from gateway.scripts import Script
 
@@ -61,7 +61,7 @@ class PipelineRunner(Batcher):
         replies = self._replies = []
         return await exchange(connection, commands, replies)
 
-    async def _send(self, batch: list[Call]) -> None:
+    async def _send(self, batch: list[QueuedCall]) -> None:
         """At most two rounds: the second carries the calls that met NOSCRIPT (headed by SCRIPT
         LOAD) and those a demoted primary refused, if `_replica_refused` says so."""
         todo, load = batch, False
@@ -72,8 +72,8 @@ class PipelineRunner(Batcher):
                 loads = [("SCRIPT", "LOAD", script.source) for script in scripts.values()]
             context = self._before()
             replies = await self._pipeline(loads + [call.command for call in todo])
-            again: list[Call] = []
-            refused: list[Call] = []
+            again: list[QueuedCall] = []
+            refused: list[QueuedCall] = []
             for call, reply in zip(todo, replies[len(loads):], strict=True):
                 if last or not isinstance(reply, rx.ResponseError):
                     call.settle(reply)

@@ -31,7 +31,7 @@ from gateway.config.model import RlsDescriptor
 from gateway.decision import decide
 from gateway.errors import RedisUnavailable
 from gateway.keys import shard_of
-from gateway.limiter import Decision, Outcome, RuleSpec
+from gateway.limiter import Decision, RuleOutcome, RuleSpec
 from gateway.overrides import RouteTable
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
@@ -57,7 +57,7 @@ class GrpcError(Exception):
         self.message = message
 
 
-class Call:
+class Descriptors:
     """One ShouldRateLimit call's descriptors, read and checked, before anything is counted.
 
     A domain with `shards: N` (Redis Cluster) puts the call in the shard its first counted
@@ -222,7 +222,7 @@ class RateLimitService:
 
     async def _decide(self, runtime: Runtime, domain: Domain, request: Any) -> bytes:
         overrides = runtime.overrides.get(domain.plan.route.name)
-        call = Call(request, domain, runtime.config.identity_max_bytes, overrides, runtime.redis.key_prefix)
+        call = Descriptors(request, domain, runtime.config.identity_max_bytes, overrides, runtime.redis.key_prefix)
         response = pb.RateLimitResponse(overall_code=pb.OK)
         route = domain.plan.route
         decision: Decision | None = None
@@ -259,9 +259,9 @@ class RateLimitService:
             status.current_limit.CopyFrom(call.counted[at].limit)
             if from_memory and at != decision.refused_by:
                 continue  # a refusal held in memory knows the refusing rule's state only
-            if state.outcome in (Outcome.REFUSES, Outcome.NEVER_FITS) and not decision.admitted:
+            if state.outcome in (RuleOutcome.REFUSES, RuleOutcome.NEVER_FITS) and not decision.admitted:
                 status.code = pb.OVER_LIMIT
-            elif state.outcome is not Outcome.SHADOW_REFUSES:
+            elif state.outcome is not RuleOutcome.SHADOW_REFUSES:
                 # a refused call counted nothing: the limiter reports what was there before it
                 status.limit_remaining = min(max(0, state.remaining), 2**32 - 1)
             if state.reset_ms > 0:
