@@ -18,9 +18,7 @@ them while the check port is on (`Rule.unseen_by_a_check`).
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -30,10 +28,10 @@ from starlette.types import Receive, Scope, Send
 from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.config import Config
+from gateway.envelope import Envelope
 from gateway.errors import BadRequest
-from gateway.outcome import GONE, Admit, Answer, RequestBounds, RequestOutcome
+from gateway.outcome import Admit, Answer, RequestBounds, RequestOutcome
 from gateway.pipeline import decide
-from gateway.request_id import new_request_id
 from gateway.responses import Headers, problem, send_answer
 from gateway.runtime import Runtime
 
@@ -63,34 +61,22 @@ class CheckEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.current()
         assert runtime is not None, "the lifespan starts the runtime before any request"
-        runtime.enter()
-        started = time.perf_counter()
         config = runtime.config
-        try:
+        async with Envelope(runtime, self.accounting, scope) as envelope:
             try:
-                original = original_scope(scope, config.check_path_prefix, config.check_convention)
+                original = envelope.scope = original_scope(scope, config.check_path_prefix, config.check_convention)
             except BadRequest as exc:
-                result: Admit | Answer = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST,
-                                                close=True)
-                original = dict(scope)
-            else:
-                result = await decide(runtime, original, receive, self.limits)
-            request_id = new_request_id()
+                envelope.result = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, close=True)
+                envelope.status = await send_answer(send, _denied(config, envelope.result))
+                return
+            result = envelope.result = await decide(runtime, original, receive, self.limits)
             if isinstance(result, Admit):
                 async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
-                    status = after.status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
-            elif result.outcome is RequestOutcome.CLIENT_GONE:
-                status = 499
+                    envelope.status = after.status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
             elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
-                status = await send_answer(send, (200, [_ANSWERED], b""))
-            else:
-                status = await send_answer(send, _denied(config, result))
-            self.accounting.account(config, original, request_id, result, status, started)
-        except asyncio.CancelledError:  # the proxy in front hung up: it will not read the answer
-            self.accounting.account(config, scope, new_request_id(), GONE, 499, started)
-            raise
-        finally:
-            runtime.leave()
+                envelope.status = await send_answer(send, (200, [_ANSWERED], b""))
+            elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                envelope.status = await send_answer(send, _denied(config, result))
 
 
 def _denied(config: Config, answer: Answer) -> tuple[int, Headers, bytes]:

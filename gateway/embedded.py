@@ -16,18 +16,22 @@ the kernel when the process that started it dies, even by SIGKILL: it never outl
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gateway.parent_death import dying_with_this_process
 from gateway.scratch_dirs import remove as remove_scratch_dir
 from gateway.scratch_dirs import scratch_dir
-from gateway.settings import redis_server_override
+from gateway.settings import Settings, redis_server_override
+
+log = logging.getLogger("gateway")
 
 MAX_SOCKET_PATH = 107  # bytes of sockaddr_un.sun_path, less its terminating NUL (Linux)
 
@@ -144,3 +148,33 @@ class EmbeddedRedis:
             self.process.stderr.close()
         self.process = None
         remove_scratch_dir(str(self.dir))
+
+
+def start_embedded(settings: Settings, die_with_parent: bool = False) -> tuple[EmbeddedRedis, Settings]:
+    """Start the embedded redis-server for settings that name no Redis (the supervisor's, and the
+    middleware's): its state kept in --data-dir, else the default state directory, else (--ephemeral,
+    or a default that cannot be made: a container without a home) memory only, said in the log.
+    Returns it and the settings carrying its URL. Raises OSError or RuntimeError."""
+    settings = _with_state_dir(settings)
+    redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=die_with_parent)
+    redis.start()
+    if redis.data_dir is not None:
+        state = (f"state persists in {redis.data_dir} (append-only file, fsync every second; "
+                 "at most the last second is lost on a crash)")
+    else:
+        state = "state is in memory only and gone when the gateway exits (--ephemeral)"
+    log.info("no Redis URL configured: started an embedded redis-server at %s; %s "
+             "(for trying out and single boxes; set redis.url for production)", redis.url, state)
+    return redis, replace(settings, embedded_redis_url=redis.url)
+
+
+def _with_state_dir(settings: Settings) -> Settings:
+    data_dir = settings.embedded_data_dir()
+    if settings.data_dir is None and data_dir is not None:
+        try:
+            os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot make the embedded Redis's state directory %s (%s): its state is kept in memory "
+                        "only; give --data-dir DIR to keep it", data_dir, exc)
+            data_dir = None
+    return replace(settings, data_dir=data_dir, ephemeral=data_dir is None)

@@ -10,7 +10,6 @@ entered (gateway/pipeline.py).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -21,8 +20,9 @@ from gateway import metrics
 from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.caller_usage import usage_answer
+from gateway.envelope import Envelope
 from gateway.errors import UpstreamTimeout, UpstreamUnavailable
-from gateway.outcome import GONE, Admit, Answer, RequestBounds, RequestOutcome
+from gateway.outcome import Admit, Answer, RequestBounds, RequestOutcome
 from gateway.pipeline import decide, decide_now
 from gateway.proxy import ClientDisconnected, ClientTooSlow, HeadHook, RequestBody, Switched
 from gateway.request_id import new_request_id, request_id_for
@@ -45,39 +45,26 @@ class ProxyEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.current()
         assert runtime is not None, "the lifespan starts the runtime before any request"
-        runtime.enter()
-        started = time.perf_counter()
-        result: Admit | Answer = GONE  # until decided: a call cancelled before it was
-        request_id = b""
-        try:
-            result = await decide(runtime, scope, receive, self.limits, guarded=True)
+        async with Envelope(runtime, self.accounting, scope) as envelope:
+            result = envelope.result = await decide(runtime, scope, receive, self.limits, guarded=True)
             if isinstance(result, Answer):
-                request_id = result.request_id or new_request_id()
-                status = 499 if result.outcome is RequestOutcome.CLIENT_GONE else await _send(send, result, request_id)
-            else:
-                request_id = request_id_for(result.request.request_id)
-                async with Admitted(runtime, result) as after:
-                    if result.plan.route.respond is not None:  # respond: usage, answered here
-                        status, headers, body = await usage_answer(runtime, result)
-                        status = await _reply(send, (status, [*result.headers, *headers], body), request_id)
-                    elif result.plan.client is None:  # a route of a file written for the check port
-                        detail = f"route '{result.route}' has no upstream: it is decided on the check port"
-                        status = await _reply(send, problem(502, detail, route=result.route), request_id)
-                    elif not after.settles and not result.request.upgrade:  # the common case, directly
-                        status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout,
-                                                      None)
-                    else:
-                        status = await _forward(after, result, receive, send, request_id, self.limits.body_timeout,
-                                                scope)
-                    after.status = status
-            self.accounting.account(runtime.config, scope, request_id, result, status, started)
-        except asyncio.CancelledError:  # the client left (the server cancels its call), or the drain ended
-            self.accounting.account(runtime.config, scope, request_id or new_request_id(), result, 499, started)
-            raise
-        finally:
-            if isinstance(result, Admit) and result.slot is not None:
-                result.slot.release()  # its place in a protected upstream's limit (gateway/protect.py)
-            runtime.leave()
+                request_id = envelope.request_id = result.request_id or new_request_id()
+                if result.outcome is not RequestOutcome.CLIENT_GONE:
+                    envelope.status = await _send(send, result, request_id)
+                return
+            request_id = envelope.request_id = request_id_for(result.request.request_id)
+            async with Admitted(runtime, result) as after:
+                if result.plan.route.respond is not None:  # respond: usage, answered here
+                    status, headers, body = await usage_answer(runtime, result)
+                    status = await _reply(send, (status, [*result.headers, *headers], body), request_id)
+                elif result.plan.client is None:  # a route of a file written for the check port
+                    detail = f"route '{result.route}' has no upstream: it is decided on the check port"
+                    status = await _reply(send, problem(502, detail, route=result.route), request_id)
+                elif not after.settles and not result.request.upgrade:  # the common case, directly
+                    status = await _forward_as_is(result, receive, send, request_id, self.limits.body_timeout, None)
+                else:
+                    status = await _forward(after, result, receive, send, request_id, self.limits.body_timeout, scope)
+                after.status = envelope.status = status
 
     def answer_early(self, scope: Scope) -> Reply | None:
         """For the server protocol: the whole answer to a request refused from memory, or None."""

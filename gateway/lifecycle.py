@@ -17,13 +17,14 @@ from typing import Any
 
 from gateway import metrics, reload_log
 from gateway.config import Config, load_config
+from gateway.embedded import EmbeddedRedis, start_embedded
 from gateway.errors import ConfigError, RedisUnavailable
 from gateway.limiter import Limiter
 from gateway.override_sync import Overrides, keep_in_step
 from gateway.runtime import Runtime, build_runtime, new_limiter
 from gateway.settings import Settings, metrics_dir
 from gateway.top import TopRefused
-from gateway.which_redis import redis_settings
+from gateway.which_redis import needs_embedded_redis, redis_settings
 
 log = logging.getLogger("gateway")
 
@@ -31,10 +32,18 @@ METRICS_FLUSH_INTERVAL = 1.0
 
 
 class Lifecycle:
-    def __init__(self, settings: Settings, config: Config | None = None, transport: str = "lean") -> None:
+    """`proxy`: routes name their upstream (False: the in-process middleware, whose app is the
+    upstream). `worker`: this process is a worker of `gateway serve`, its heap its own (False: the
+    middleware, a guest in an application's process, leaves the collector as it found it)."""
+
+    def __init__(self, settings: Settings, config: Config | None = None, transport: str = "lean",
+                 proxy: bool = True, worker: bool = True) -> None:
         self.settings = settings
         self.initial_config = config
         self.transport = transport  # the upstream transport: "lean", or "httpx" for comparisons
+        self.proxy = proxy
+        self.worker = worker
+        self.embedded: EmbeddedRedis | None = None  # started here when nothing else did (the middleware's)
         self.runtime: Runtime | None = None
         # the identities refused most, shared with the other workers through the metrics directory
         self.top = TopRefused(directory=metrics_dir())
@@ -51,9 +60,14 @@ class Lifecycle:
     def _limiter(self, config: Config) -> Limiter:
         return new_limiter(redis_settings(self.settings, config))
 
+    def _load(self) -> Config:
+        return load_config(self.settings.config_path, proxy=self.proxy, decision_only=self.settings.decision_only)
+
     async def startup(self) -> None:
-        settings = self.settings
-        config = self.initial_config or load_config(settings.config_path, decision_only=settings.decision_only)
+        config = self.initial_config or self._load()
+        if needs_embedded_redis(self.settings, config) and not self.settings.embedded_redis_url:
+            self.embedded, self.settings = await asyncio.get_running_loop().run_in_executor(
+                None, start_embedded, self.settings)
         redis = redis_settings(self.settings, config)
         self.runtime = build_runtime(config, redis, self._limiter(config), transport=self.transport)
         metrics.CONFIG_INFO.set(len(config.routes))
@@ -65,11 +79,12 @@ class Lifecycle:
         except RedisUnavailable as exc:
             log.warning("overrides not read at start-up, Redis unavailable (%s)", exc)
         self._syncer = asyncio.get_running_loop().create_task(keep_in_step(self.overrides, self.current))
-        # What exists now lives as long as the worker: keep the collector from walking it again
-        # and again (full collections paused every request in flight for ~30 ms).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 100)
+        if self.worker:
+            # What exists now lives as long as the worker: keep the collector from walking it again
+            # and again (full collections paused every request in flight for ~30 ms).
+            gc.collect()
+            gc.freeze()
+            gc.set_threshold(50_000, 20, 100)
         self.ready = True
         if self._reload_pending:
             self._reload_pending = False
@@ -87,10 +102,11 @@ class Lifecycle:
         if self._syncer is not None:
             self._syncer.cancel()
         metrics.flush()
-        runtime = self.runtime
-        if runtime is None:
-            return
-        await runtime.close()
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self.embedded is not None:
+            self.embedded.stop()
+            self.embedded = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
@@ -126,7 +142,7 @@ class Lifecycle:
 
     def _reload(self) -> tuple[bool, str]:
         try:
-            config = load_config(self.settings.config_path, decision_only=self.settings.decision_only)
+            config = self._load()
         except ConfigError as exc:
             metrics.RELOADS.labels("error").inc()
             log.error("reload refused, keeping the current config:\n%s", exc)
@@ -149,12 +165,4 @@ class Lifecycle:
         old.retired = True
         if old.in_flight:
             await old.drained.wait()
-        for name, client in old.clients.items():
-            if new.clients.get(name) is not client:
-                await client.close()
-        if new.limiter is not old.limiter:
-            if old.settler is not None:
-                await old.settler.drain()
-            if old.leases is not None:
-                await old.leases.drain()
-            await old.limiter.close()
+        await old.close(successor=new)

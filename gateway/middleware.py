@@ -23,14 +23,19 @@ every error, so uvicorn exits), never a request; under a server that runs no lif
 is answered 500 with the errors.
 
 Redis: `redis_url`, else GATEWAY_REDIS_URL, else the file's `redis.url`, else an embedded
-redis-server started with the app's lifespan (or on first use) and stopped with it (or at exit).
+redis-server (in memory, one per process) started with the app's lifespan (or on first use) and
+stopped with it (or at exit).
+
+Its life is the gateway's (gateway/lifecycle.py): `reload()` reads the file again as `gateway serve`
+does on SIGHUP (a bad file keeps the rules in force), overrides and API keys follow Redis, metrics
+are flushed every second, and each request is accounted as the proxy's are (gateway_requests_total,
+the access log, /top's records) through the same envelope (gateway/envelope.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import json
 import logging
 from dataclasses import replace
@@ -38,19 +43,20 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.accounting import Accounting
 from gateway.admitted import Admitted
 from gateway.caller_usage import usage_answer
 from gateway.config import Config, load_config
-from gateway.embedded import EmbeddedRedis
-from gateway.errors import ConfigError, RedisUnavailable
+from gateway.envelope import Envelope
+from gateway.errors import ConfigError
 from gateway.http.request import Request
+from gateway.lifecycle import Lifecycle
 from gateway.outcome import Admit, Answer, RequestBounds, RequestOutcome
-from gateway.override_sync import Overrides, keep_in_step
 from gateway.pipeline import decide
+from gateway.request_id import request_id_for
 from gateway.responses import Headers, problem, send_answer
-from gateway.runtime import Runtime, build_runtime, new_limiter
-from gateway.settings import DEFAULTS, Settings, from_process_env
-from gateway.which_redis import redis_settings
+from gateway.runtime import Runtime
+from gateway.settings import DEFAULTS, from_process_env
 
 log = logging.getLogger("gateway")
 
@@ -66,13 +72,25 @@ class RateLimitMiddleware:
         except ConfigError as exc:  # Starlette builds middleware lazily: reported at start-up, not raised here
             self.error = exc
         settings = from_process_env()
-        self.settings = replace(settings, config_path=str(config), redis_url=redis_url or settings.redis_url)
+        # an embedded Redis of its own per process, in memory: an application's workers are processes
+        # the middleware does not supervise, and two servers may not share one data directory
+        self.settings = replace(settings, config_path=str(config), redis_url=redis_url or settings.redis_url,
+                                ephemeral=True)
         self.limits = RequestBounds(max_head_bytes=max_head_bytes, body_timeout=self.settings.body_timeout)
-        self.runtime: Runtime | None = None
-        self.embedded: EmbeddedRedis | None = None
+        self.lifecycle = Lifecycle(self.settings, self.config, proxy=False, worker=False)
+        self.accounting = Accounting(self.lifecycle.top)
         self._starting = asyncio.Lock()
-        self.overrides = Overrides()
-        self._syncer: asyncio.Task[None] | None = None
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self.lifecycle.runtime
+
+    def reload(self) -> tuple[bool, str]:
+        """Read the file again and apply it (validated first: on any error the rules in force stay),
+        as `gateway serve` does on SIGHUP; the requests in flight finish on the rules they began with."""
+        if self.error is not None:
+            return False, "the middleware never started: its file did not load"
+        return self.lifecycle.reload()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -88,23 +106,27 @@ class RateLimitMiddleware:
             await send_answer(send, problem(500, f"the rate limits could not be loaded:\n{self.error}"))
             return
         runtime = self.runtime or await self._start()
-        result = await decide(runtime, scope, receive, self.limits)
-        if isinstance(result, Answer):
-            if _passes_to_app(result, runtime, scope):
-                await self.app(scope, receive, send)
-            elif result.outcome is not RequestOutcome.CLIENT_GONE:
-                await send_answer(send, (result.status, result.headers, result.body))
-            return
-        async with Admitted(runtime, result) as after:  # slots held while the app answers, the delay waited
-            if result.plan.route.respond is not None:  # respond: usage, answered here, not by the app
-                status, headers, body = await usage_answer(runtime, result)
-                after.status = await send_answer(send, (status, [*result.headers, *headers], body))
+        async with Envelope(runtime, self.accounting, scope) as envelope:
+            result = envelope.result = await decide(runtime, scope, receive, self.limits)
+            if isinstance(result, Answer):
+                if _passes_to_app(result, runtime, scope):
+                    await self.app(scope, receive, _status_to(envelope, send))
+                elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                    envelope.request_id = result.request_id or b""
+                    envelope.status = await send_answer(send, (result.status, result.headers, result.body))
                 return
-            if result.body_prefix is not None and result.request.has_body:
-                receive = _replay(result.body_prefix, result.more_body, receive)
-            if result.headers:
-                send = _with_headers(send, result.headers)
-            await self._call_app(after, result, scope, receive, send)
+            envelope.request_id = request_id_for(result.request.request_id)
+            async with Admitted(runtime, result) as after:  # slots held while the app answers, the delay waited
+                if result.plan.route.respond is not None:  # respond: usage, answered here, not by the app
+                    status, headers, body = await usage_answer(runtime, result)
+                    envelope.status = after.status = await send_answer(send, (status, [*result.headers, *headers],
+                                                                              body))
+                    return
+                if result.body_prefix is not None and result.request.has_body:
+                    receive = _replay(result.body_prefix, result.more_body, receive)
+                if result.headers:
+                    send = _with_headers(send, result.headers)
+                await self._call_app(after, result, scope, receive, _status_to(envelope, send))
 
     async def _call_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
         if not after.settles:
@@ -122,15 +144,21 @@ class RateLimitMiddleware:
             await _refuse_websocket(scope, receive, send, problem(500, "the rate limits could not be loaded"), 1011)
             return
         runtime = self.runtime or await self._start()
-        result = await decide(runtime, _handshake(scope), _no_body, self.limits)
-        if isinstance(result, Answer):
-            if _passes_to_app(result, runtime, scope):
-                await self.app(scope, receive, send)
-            elif result.outcome is not RequestOutcome.CLIENT_GONE:
-                await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
-            return
-        async with Admitted(runtime, result) as after:  # slots held while the socket is open
-            await self._websocket_app(after, result, scope, receive, send)
+        handshake = _handshake(scope)
+        async with Envelope(runtime, self.accounting, handshake) as envelope:
+            result = envelope.result = await decide(runtime, handshake, _no_body, self.limits)
+            if isinstance(result, Answer):
+                if _passes_to_app(result, runtime, scope):
+                    await self.app(scope, receive, send)
+                    envelope.status = 101
+                elif result.outcome is not RequestOutcome.CLIENT_GONE:
+                    envelope.status = result.status
+                    await _refuse_websocket(scope, receive, send, (result.status, result.headers, result.body), 1008)
+                return
+            envelope.request_id = request_id_for(result.request.request_id)
+            async with Admitted(runtime, result) as after:  # slots held while the socket is open
+                await self._websocket_app(after, result, scope, receive, send)
+                envelope.status = after.status if after.settles else 101
 
     async def _websocket_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive,
                              send: Send) -> None:
@@ -178,35 +206,29 @@ class RateLimitMiddleware:
 
     async def _start(self) -> Runtime:
         async with self._starting:
-            if self.runtime is None:
-                assert self.config is not None
-                settings = self.settings
-                if not (settings.redis_url or self.config.redis.url):
-                    self.embedded = EmbeddedRedis()
-                    await asyncio.get_running_loop().run_in_executor(None, self.embedded.start)
-                    atexit.register(self.embedded.stop)
-                    settings = Settings(config_path=settings.config_path, embedded_redis_url=self.embedded.url)
-                redis = redis_settings(settings, self.config)
-                self.runtime = build_runtime(self.config, redis, new_limiter(redis))
-                await self._follow_overrides(self.runtime)
-            return self.runtime
-
-    async def _follow_overrides(self, runtime: Runtime) -> None:
-        """Per-identity overrides (set on a gateway's admin port sharing this Redis) apply here too."""
-        with contextlib.suppress(RedisUnavailable):  # the poll catches up
-            await self.overrides.sync(runtime)
-        self._syncer = asyncio.get_running_loop().create_task(keep_in_step(self.overrides, lambda: self.runtime))
+            if self.lifecycle.runtime is None:
+                await self.lifecycle.startup()
+                if self.lifecycle.embedded is not None:  # a server that runs no lifespan: stopped at exit
+                    atexit.register(self.lifecycle.embedded.stop)
+            runtime = self.lifecycle.runtime
+            assert runtime is not None
+            return runtime
 
     async def close(self) -> None:
-        if self._syncer is not None:
-            self._syncer.cancel()
-            self._syncer = None
-        runtime, self.runtime = self.runtime, None
-        if runtime is not None:  # as the gateway's own lifespan ends: no refund or slot is lost
-            await runtime.close()
-        if self.embedded is not None:
-            self.embedded.stop()
-            self.embedded = None
+        """As the application's lifespan ends: the last charges, refunds and slots reach Redis, then
+        the connections close (and the embedded Redis stops)."""
+        if self.lifecycle.runtime is not None:
+            await self.lifecycle.shutdown()
+
+
+def _status_to(envelope: Envelope, send: Send) -> Send:
+    """`send`, the status of the app's answer noted for the request's accounting."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            envelope.status = message["status"]
+        await send(message)
+
+    return sending
 
 
 def _passes_to_app(answer: Answer, runtime: Runtime, scope: Scope) -> bool:

@@ -55,17 +55,22 @@ class Runtime:
         if self.retired and self.in_flight == 0:
             self.drained.set()
 
-    async def close(self) -> None:
-        """The end of every entry point's runtime (the gateway's lifespan, the middleware's): the
-        last answers' charges and refunds and the last requests' slots reach Redis, then the
-        upstream pools and the Redis connections close."""
-        if self.settler is not None:
-            await self.settler.drain()
-        if self.leases is not None:
-            await self.leases.drain()
-        for client in self.clients.values():
-            await client.close()
-        await self.limiter.close()
+    async def close(self, successor: Runtime | None = None) -> None:
+        """The end of a runtime, in the one drain order: the last answers' charges and refunds and
+        the last requests' slots reach Redis, then the upstream pools and the Redis connections
+        close. With a `successor` (a reload's): what it took over stays open, its upstream pools and,
+        on the same Redis, the limiter and the charges still on their way through it."""
+        same_redis = successor is not None and successor.limiter is self.limiter
+        if not same_redis:
+            if self.settler is not None:
+                await self.settler.drain()
+            if self.leases is not None:
+                await self.leases.drain()
+        for name, client in self.clients.items():
+            if successor is None or successor.clients.get(name) is not client:
+                await client.close()
+        if not same_redis:
+            await self.limiter.close()
 
 
 def new_limiter(redis: RedisSettings) -> Limiter:

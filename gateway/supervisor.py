@@ -22,7 +22,6 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from gateway.config import Config, load_config
-from gateway.embedded import EmbeddedRedis
+from gateway.embedded import EmbeddedRedis, start_embedded
 from gateway.errors import ConfigError
 from gateway.parent_death import die_with_parent
 from gateway.rls.tls import tls_context
@@ -103,25 +102,15 @@ class Supervisor:
             remove_scratch_dir(self.metrics_dir)
             return 1
         if needs_embedded_redis(settings, self.config):
-            settings = _embedded_state(settings)
-            self.redis = EmbeddedRedis(data_dir=settings.data_dir, die_with_parent=True)
             try:
-                self.redis.start()
+                self.redis, settings = start_embedded(settings, die_with_parent=True)
             except (OSError, RuntimeError) as exc:
                 log.error("cannot start the embedded redis-server: %s", exc)
                 for sock in sockets:
                     sock.close()
                 remove_scratch_dir(self.metrics_dir)
                 return 1
-            settings = replace(settings, embedded_redis_url=self.redis.url)
             self.settings = settings
-            if self.redis.data_dir is not None:
-                state = (f"state persists in {self.redis.data_dir} (append-only file, fsync every second; "
-                         "at most the last second is lost on a crash)")
-            else:
-                state = "state is in memory only and gone when the gateway exits (--ephemeral)"
-            log.info("no Redis URL configured: started an embedded redis-server at %s; %s "
-                     "(for trying out and single boxes; set redis.url for production)", self.redis.url, state)
         elif settings.data_dir is not None:
             log.warning("--data-dir %s is ignored: a Redis URL is configured, and that Redis keeps the state",
                         settings.data_dir)
@@ -255,21 +244,6 @@ def _supervisor_gone(signum: int, frame: FrameType | None) -> None:
     # SIGALRM's default action ends the process if the drain outlasts the grace
     signal.setitimer(signal.ITIMER_REAL, ORPHAN_GRACE)
     os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's shutdown: the listening sockets close first
-
-
-def _embedded_state(settings: Settings) -> Settings:
-    """Settings with where the embedded Redis keeps its state: --data-dir, else the default state
-    directory, else (--ephemeral, or a default that cannot be made: a container without a home)
-    memory only, said in the log."""
-    data_dir = settings.embedded_data_dir()
-    if settings.data_dir is None and data_dir is not None:
-        try:
-            os.makedirs(data_dir, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            log.warning("cannot make the embedded Redis's state directory %s (%s): its state is kept in memory "
-                        "only; give --data-dir DIR to keep it", data_dir, exc)
-            data_dir = None
-    return replace(settings, data_dir=data_dir, ephemeral=data_dir is None)
 
 
 def worker_main(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
