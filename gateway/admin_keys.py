@@ -1,8 +1,8 @@
 """The admin port's /keys: API keys, their plans and consumers (gateway/api_keys.py).
 
     PUT    /keys?key=K          {"plan": "pro", "consumer": "acme", "metadata": {...}}: register K, or
-                                replace what it was registered with (no consumer: a consumer of its own,
-                                named by its fingerprint; no metadata: none)
+                                change it; a consumer or metadata left out is kept (a new key's: a
+                                consumer of its own, named by its fingerprint, and none), null clears it
     GET    /keys?key=K          its plan, consumer and metadata
     DELETE /keys?key=K          remove it
     GET    /keys?plan=pro       the plan's keys, fingerprints only, a page at a time (?cursor=&limit=)
@@ -123,8 +123,17 @@ def _metadata(value: Any) -> dict[str, Any] | None:
 
 
 def _entry(settings: KeysSettings, body: dict[str, Any], key: int) -> KeyEntry:
+    """What a write sets: a consumer or metadata the body leaves out is kept as the key has it."""
     return KeyEntry(_plan(settings, body.get("plan")), _consumer(body.get("consumer"), key),
-                    _metadata(body.get("metadata")))
+                    _metadata(body.get("metadata")), "consumer" not in body, "metadata" not in body)
+
+
+def _after(entry: KeyEntry, before: KeyEntry | None) -> KeyEntry:
+    """The key as `entry` leaves it, from what it had `before` (None: a new key)."""
+    if before is None:
+        return entry
+    return KeyEntry(entry.plan, before.consumer if entry.keep_consumer else entry.consumer,
+                    before.metadata if entry.keep_metadata else entry.metadata)
 
 
 def shown_entry(value: int, entry: KeyEntry) -> dict[str, Any]:
@@ -205,7 +214,7 @@ def key_routes(control: AdminControl) -> list[Route]:
             entry = _entry(settings, body, value)
             await store.write({value: entry})
             await signalled(store)
-            return JSONResponse(shown_entry(value, entry) | kept_in_memory())
+            return JSONResponse(shown_entry(value, _after(entry, registered)) | kept_in_memory())
         except _Refused as exc:
             return exc.response
         except _Invalid as exc:

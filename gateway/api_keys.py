@@ -36,16 +36,13 @@ CHANGES = 1000  # changes listed; a worker further behind reads the hash whole
 PAGE = 10_000   # keys read per call when read whole
 MAX_KEY_BYTES = 1024
 MAX_BULK = 10_000  # keys in one POST /keys
+KEEP = "*"  # keys_write.lua: keep the consumer or metadata the key has (no consumer is named so)
 
 
 def split_value(value: str) -> tuple[str, str]:
     """A stored value's plan and consumer ("" for the key's own)."""
     plan, _, consumer = value.partition(" ")
     return plan, consumer
-
-
-def joined_value(plan: str, consumer: str | None) -> str:
-    return f"{plan} {consumer}" if consumer else plan
 
 
 class KeyTable:
@@ -99,7 +96,7 @@ class KeyTable:
         return self._consumer_index(consumer) << 8 | self._plan_index(plan)
 
     def load(self, pairs: Iterable[tuple[int, str]], version: int) -> None:
-        """Replace every key: (digest, stored value) pairs (`joined_value`)."""
+        """Replace every key: (digest, stored value) pairs, a value a plan or "PLAN CONSUMER"."""
         self.plans, self.index = [], {}
         self.consumers, self.consumer_index = [""], {"": 0}
         packed = [value << 40 | self._packed_value(stored) for value, stored in pairs]
@@ -142,19 +139,20 @@ class KeyTable:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """What a key is registered with: its plan, its consumer (None: its own) and its metadata."""
+    """What a key is registered with: its plan, its consumer (None: its own) and its metadata. A write
+    may keep the consumer or the metadata the key has (`keep_consumer`, `keep_metadata`)."""
 
     plan: str
     consumer: str | None = None
     metadata: Mapping[str, Any] | None = None
+    keep_consumer: bool = False
+    keep_metadata: bool = False
 
-    @property
-    def stored(self) -> str:
-        return joined_value(self.plan, self.consumer)
-
-    @property
-    def stored_metadata(self) -> str:
-        return json.dumps(self.metadata, separators=(",", ":"), ensure_ascii=False) if self.metadata else ""
+    def args(self) -> list[str]:
+        """The plan, consumer and metadata as keys_write.lua takes them."""
+        metadata = json.dumps(self.metadata, separators=(",", ":"), ensure_ascii=False) if self.metadata else ""
+        return [self.plan, KEEP if self.keep_consumer else self.consumer or "",
+                KEEP if self.keep_metadata else metadata]
 
 
 def _text(value: Any) -> str:
@@ -180,7 +178,7 @@ class KeyStore:
         for value, entry in entries.items():
             if isinstance(entry, str):
                 entry = KeyEntry(entry)
-            args += [f"{value:016x}", entry.stored if entry else "", entry.stored_metadata if entry else ""]
+            args += [f"{value:016x}", *(entry.args() if entry else ["", "", ""])]
         reply = await self.limiter.run_script(WRITE, self._keys, args)
         return int(reply[0]), int(reply[1])
 

@@ -5,34 +5,43 @@
 --   KEYS[3]  the versions: a hash whose field `keys` is bumped by every change (read by overrides_changes.lua)
 --   KEYS[4]  the metadata: a hash, key digest -> a JSON object
 --   KEYS[5]  the consumers' keys: a sorted set of "CONSUMER DIGEST", all at score 0 (read by range)
---   ARGV     changes kept, then digest, value ('' removes the key), metadata ('' none) triples
+--   ARGV     changes kept, then (digest, plan, consumer, metadata) for each key: plan '' removes the
+--            key; consumer '' is the key's own; metadata '' is none; '*' for either keeps what the
+--            key has (a new key: its own consumer, no metadata)
 -- Returns {version, how many of the digests were there before}.
 local plans, changes, version, meta, members = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local function consumer_of(value)
-  return value and string.match(value, '^[^ ]+ (.+)$')
-end
+local KEEP = '*'
 local found = 0
-for i = 2, #ARGV, 3 do
-  local digest, value, metadata = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local old = consumer_of(redis.call('HGET', plans, digest))
+for i = 2, #ARGV, 4 do
+  local digest, plan, consumer, metadata = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local before = redis.call('HGET', plans, digest)
+  local old = before and string.match(before, '^[^ ]+ (.+)$')
+  if before then
+    found = found + 1
+  end
   if old then
     redis.call('ZREM', members, old .. ' ' .. digest)
   end
-  if value == '' then
-    found = found + redis.call('HDEL', plans, digest)
-  else
-    found = found + 1 - redis.call('HSET', plans, digest, value)
-    local new = consumer_of(value)
-    if new then
-      redis.call('ZADD', members, 0, new .. ' ' .. digest)
-    end
-  end
-  if metadata == '' then
+  if plan == '' then
+    redis.call('HDEL', plans, digest)
     redis.call('HDEL', meta, digest)
   else
-    redis.call('HSET', meta, digest, metadata)
+    if consumer == KEEP then
+      consumer = old or ''
+    end
+    if consumer == '' then
+      redis.call('HSET', plans, digest, plan)
+    else
+      redis.call('HSET', plans, digest, plan .. ' ' .. consumer)
+      redis.call('ZADD', members, 0, consumer .. ' ' .. digest)
+    end
+    if metadata == '' then
+      redis.call('HDEL', meta, digest)
+    elseif metadata ~= KEEP then
+      redis.call('HSET', meta, digest, metadata)
+    end
   end
   redis.call('RPUSH', changes, digest)
 end
 redis.call('LTRIM', changes, -tonumber(ARGV[1]), -1)
-return {redis.call('HINCRBY', version, 'keys', (#ARGV - 1) / 3), found}
+return {redis.call('HINCRBY', version, 'keys', (#ARGV - 1) / 4), found}

@@ -9,6 +9,7 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -146,6 +147,8 @@ def test_a_rotated_key_keeps_its_consumers_budget(gateway: GatewayProcess) -> No
         [row] = body["usage"]
         assert (row["route"], row["rule"], row["limit"], row["remaining"]) == ("orders", "monthly", 5, 0)
         assert row["reset_ms"] > 0 and new not in consumer.text
+        state = admin.get("/limits/orders/monthly", params={"key": "acme"}).json()  # key= names the consumer
+        assert (state["identity"], state["remaining"], state["exhausted"]) == ("acme", 0, True)
         mine = admin.get(f"/consumers/{own}").json()
         assert [k["key"] for k in mine["keys"]] == [own] and mine["usage"][0]["remaining"] == 3
         missing = admin.get("/consumers/initech")
@@ -182,7 +185,7 @@ def test_a_bad_consumer_or_metadata_is_a_400_and_changes_nothing(gateway: Gatewa
         assert refused(put({"plan": "pro", "metadata": {"note": "x" * 3000}}), "metadata")
         assert refused(put({"plan": "pro", "owner": "acme"}), "plan")
         assert admin.get("/keys", params={"key": "k1"}).status_code == 404
-        bulk = {"keys": [{"key": "b1", "plan": "free", "consumer": "acme"},
+        bulk: dict[str, list[dict[str, Any]]] = {"keys": [{"key": "b1", "plan": "free", "consumer": "acme"},
                          {"key": "b2", "plan": "pro", "consumer": "acme", "metadata": "no"}]}
         assert refused(admin.post("/keys", json=bulk), "keys[1].metadata")
         assert admin.get("/keys", params={"key": "b1"}).status_code == 404  # all or none
@@ -196,7 +199,15 @@ def test_a_bad_consumer_or_metadata_is_a_400_and_changes_nothing(gateway: Gatewa
         again = admin.put("/keys", params={"key": "k2"},
                           json={"plan": "pro", "consumer": own["consumer"], "metadata": own["metadata"]})
         assert again.json()["consumer"] == fingerprint(digest(b"k2")) == own["consumer"]
+        # a change of plan keeps the consumer and metadata it leaves out; null clears them
+        assert admin.put("/keys", params={"key": "b2"}, json={"plan": "free"}).json() == {
+            "key": fingerprint(digest(b"b2")), "plan": "free", "consumer": "acme", "metadata": {"region": "eu"}}
+        assert admin.get("/keys", params={"key": "b2"}).json()["consumer"] == "acme"
         # moving a key to another consumer takes it off the first one's list
         assert admin.put("/keys", params={"key": "b1"}, json={"plan": "free", "consumer": "globex"}).status_code == 200
         assert [k["key"] for k in admin.get("/consumers/acme").json()["keys"]] == [fingerprint(digest(b"b2"))]
         assert [k["key"] for k in admin.get("/consumers/globex").json()["keys"]] == [fingerprint(digest(b"b1"))]
+        cleared = admin.put("/keys", params={"key": "b2"}, json={"plan": "free", "consumer": None, "metadata": None})
+        assert cleared.json()["consumer"] == fingerprint(digest(b"b2")) and cleared.json()["metadata"] == {}
+        assert admin.get("/keys", params={"key": "b2"}).json()["metadata"] == {}
+        assert admin.get("/consumers/acme").status_code == 404  # no key of acme's left
