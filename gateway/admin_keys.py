@@ -117,7 +117,12 @@ def _metadata(value: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(value, dict):
         raise _Invalid("metadata", "is a JSON object")
-    if len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()) > MAX_METADATA_BYTES:
+    try:
+        compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        raise _Invalid("metadata", "holds a number JSON has no spelling for (NaN, Infinity), or is nested "
+                                   "too deep") from None
+    if len(compact.encode()) > MAX_METADATA_BYTES:
         raise _Invalid("metadata", f"is at most {MAX_METADATA_BYTES} bytes as compact JSON")
     return value
 

@@ -184,6 +184,11 @@ def test_a_bad_consumer_or_metadata_is_a_400_and_changes_nothing(gateway: Gatewa
         assert refused(put({"plan": "pro", "metadata": ["not", "an", "object"]}), "metadata")
         assert refused(put({"plan": "pro", "metadata": {"note": "x" * 3000}}), "metadata")
         assert refused(put({"plan": "pro", "owner": "acme"}), "plan")
+        for raw in (b'{"plan": "pro", "metadata": {"ratio": NaN}}', b'{"plan": "pro", "metadata": {"a": Infinity}}'):
+            assert refused(admin.put("/keys", params={"key": "k1"}, content=raw), "metadata"), raw
+        deep = b'{"plan": "pro", "metadata": {"a": ' + b"[" * 1500 + b"]" * 1500 + b"}}"  # past what JSON is read with
+        answer = admin.put("/keys", params={"key": "k1"}, content=deep)
+        assert answer.status_code == 400 and answer.headers["content-type"] == "application/problem+json"
         assert admin.get("/keys", params={"key": "k1"}).status_code == 404
         bulk: dict[str, list[dict[str, Any]]] = {"keys": [{"key": "b1", "plan": "free", "consumer": "acme"},
                          {"key": "b2", "plan": "pro", "consumer": "acme", "metadata": "no"}]}
