@@ -18,6 +18,7 @@ from starlette.routing import Route
 from gateway.admin_common import AdminControl, problem_response, runtime_of
 from gateway.admin_keys import CONSUMER, shown_entry
 from gateway.api_keys import KeyEntry, KeyStore, from_fingerprint
+from gateway.config import Source
 from gateway.errors import RedisUnavailable
 from gateway.keys import rule_key
 from gateway.limiter import RuleSpec
@@ -27,7 +28,7 @@ from gateway.runtime import Runtime
 MAX_LISTED = 1000  # keys of one consumer listed
 
 
-def _by_consumer(rule_by: tuple[Any, ...]) -> bool:
+def _by_consumer(rule_by: tuple[Source, ...]) -> bool:
     return len(rule_by) == 1 and rule_by[0].kind == "consumer"
 
 
