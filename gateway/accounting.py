@@ -31,7 +31,7 @@ class Accounting:
         metrics.requests(route, str(outcome), str(decided_by)).inc()  # plain strs: an Enum hashes in Python
         metrics.responses(route, str(status)).inc()
         if route and outcome is RequestOutcome.REFUSED:
-            self.top.record(route, rule, identity)
+            self.top.record(route, rule, identity, result.consumer)
         if config.access_log:
             access_log.info(json.dumps({
                 "request_id": request_id.decode("latin-1"),
@@ -43,6 +43,7 @@ class Accounting:
                 "decided_by": str(decided_by),
                 "rule": rule or None,
                 "identity": identity or None,
+                "consumer": result.consumer or None,
                 "status": status,
                 "latency_ms": round((time.perf_counter() - started) * 1000, 3),
             }))

@@ -56,6 +56,7 @@ from gateway.admin_common import (
     runtime_of,
     write_refusal,
 )
+from gateway.admin_consumers import consumer_routes
 from gateway.admin_keys import key_routes
 from gateway.api_keys import from_fingerprint
 from gateway.config import BUCKET_ALGORITHMS, Rule, load_config
@@ -300,7 +301,8 @@ def admin_app(control: AdminControl) -> Starlette:
             return problem_response(404, f"no route named {route[:200]!r}")
         found = control.top.top(window, route, limit)
         return JSONResponse({"route": route, "window_seconds": window, "top": [{
-            "route": r.route, "rule": r.rule, "identity": r.identity, "refusals": r.refusals,
+            "route": r.route, "rule": r.rule, "identity": r.identity, "consumer": r.consumer or None,
+            "refusals": r.refusals,
             "error": r.error} for r in found]})
 
     async def list_overrides(request: Request) -> Response:
@@ -426,6 +428,7 @@ def admin_app(control: AdminControl) -> Starlette:
             Route("/overrides", list_overrides, methods=["GET"]),
             Route("/overrides/{route}/{rule}", one_override, methods=["GET", "PUT", "DELETE"]),
             *key_routes(control),
+            *consumer_routes(control),
             *console_routes(control),
         ],
         exception_handlers={HTTPException: http_error},

@@ -1,14 +1,18 @@
-"""The admin port's /keys: API keys and their plans (gateway/api_keys.py).
+"""The admin port's /keys: API keys, their plans and consumers (gateway/api_keys.py).
 
-    PUT    /keys?key=K          {"plan": "pro"}: register K (or move it to another plan)
-    GET    /keys?key=K          its plan
+    PUT    /keys?key=K          {"plan": "pro", "consumer": "acme", "metadata": {...}}: register K, or
+                                change it; a consumer or metadata left out is kept (a new key's: a
+                                consumer of its own, named by its fingerprint, and none), null clears it
+    GET    /keys?key=K          its plan, consumer and metadata
     DELETE /keys?key=K          remove it
     GET    /keys?plan=pro       the plan's keys, fingerprints only, a page at a time (?cursor=&limit=)
-    POST   /keys                {"keys": [{"key": K, "plan": P}, ...]}: many at once, all or none
+    POST   /keys                {"keys": [{"key": K, "plan": P, "consumer": C, "metadata": M}, ...]}:
+                                many at once, all or none
 
 K is the key's bytes as the client sends them (percent-escaped), or its fingerprint kf_...: the key
 itself is tried first, so a key shaped like a fingerprint is still named by its own value.
-A write with a plan not in `keys.plans`, or an empty or oversized key, is a 400 naming the problem,
+A write with a plan not in `keys.plans`, an empty or oversized key, a consumer name that is not one
+(CONSUMER), or metadata that is not a JSON object of at most MAX_METADATA_BYTES, is a 400 naming the problem,
 and changes nothing; a body past its bound a 413, a stalled one a 408. Writes need the admin token as
 every admin write. Every gateway applies a change within about a second (the change signal,
 gateway/overrides.py).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -33,7 +38,15 @@ from gateway.admin_common import (
     runtime_of,
     write_refusal,
 )
-from gateway.api_keys import MAX_BULK, MAX_KEY_BYTES, KeyStore, digest, fingerprint, from_fingerprint
+from gateway.api_keys import (
+    MAX_BULK,
+    MAX_KEY_BYTES,
+    KeyEntry,
+    KeyStore,
+    digest,
+    fingerprint,
+    from_fingerprint,
+)
 from gateway.config import KeysSettings, Source
 from gateway.errors import RedisUnavailable
 from gateway.overrides import Store
@@ -42,6 +55,10 @@ from gateway.which_redis import needs_embedded_redis
 log = logging.getLogger("gateway.admin")
 MAX_BULK_BODY = 2 * 1024 * 1024  # bytes of a POST /keys
 PAGE_LIMIT = 1000
+# a consumer's name: shown as it is in logs, /top and identities (no ':', which joins identity parts)
+CONSUMER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+MAX_METADATA_BYTES = 2048  # a key's metadata, as compact JSON
+ENTRY_FIELDS = frozenset({"plan", "consumer", "metadata"})
 
 
 class _Refused(Exception):
@@ -83,6 +100,53 @@ def _plan(settings: KeysSettings, value: Any) -> str:
     return value
 
 
+def _consumer(value: Any, key: int) -> str | None:
+    """A named consumer, or None for the key's own (omitted, null, or the key's own fingerprint)."""
+    if value is None or value == fingerprint(key):
+        return None
+    if not isinstance(value, str) or not CONSUMER.match(value):
+        raise _Invalid("consumer", "is a name of 1 to 64 letters, digits and . _ @ -, starting with a letter "
+                                   "or digit")
+    if from_fingerprint(value) is not None or value.startswith("kf_"):
+        raise _Invalid("consumer", "kf_... names a key's own consumer: leave consumer out for that")
+    return value
+
+
+def _metadata(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _Invalid("metadata", "is a JSON object")
+    try:
+        compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):
+        raise _Invalid("metadata", "holds a number JSON has no spelling for (NaN, Infinity), or is nested "
+                                   "too deep") from None
+    if len(compact.encode()) > MAX_METADATA_BYTES:
+        raise _Invalid("metadata", f"is at most {MAX_METADATA_BYTES} bytes as compact JSON")
+    return value
+
+
+def _entry(settings: KeysSettings, body: dict[str, Any], key: int) -> KeyEntry:
+    """What a write sets: a consumer or metadata the body leaves out is kept as the key has it."""
+    return KeyEntry(_plan(settings, body.get("plan")), _consumer(body.get("consumer"), key),
+                    _metadata(body.get("metadata")), "consumer" not in body, "metadata" not in body)
+
+
+def _after(entry: KeyEntry, before: KeyEntry | None) -> KeyEntry:
+    """The key as `entry` leaves it, from what it had `before` (None: a new key)."""
+    if before is None:
+        return entry
+    return KeyEntry(entry.plan, before.consumer if entry.keep_consumer else entry.consumer,
+                    before.metadata if entry.keep_metadata else entry.metadata)
+
+
+def shown_entry(value: int, entry: KeyEntry) -> dict[str, Any]:
+    """A key as /keys and /consumers show it: its fingerprint, plan, consumer and metadata."""
+    return {"key": fingerprint(value), "plan": entry.plan, "consumer": entry.consumer or fingerprint(value),
+            "metadata": dict(entry.metadata or {})}
+
+
 def key_routes(control: AdminControl) -> list[Route]:
     def setup(request: Request) -> tuple[KeysSettings, KeyStore] | Response:
         runtime = runtime_of(control)
@@ -114,11 +178,11 @@ def key_routes(control: AdminControl) -> list[Route]:
         except (ValueError, RecursionError):
             raise _Invalid("", "the body must be JSON") from None
 
-    async def existing(store: KeyStore, named: list[int]) -> tuple[int, str | None]:
-        """The first of `named` that is registered, with its plan; else the last, with None."""
+    async def existing(store: KeyStore, named: list[int]) -> tuple[int, KeyEntry | None]:
+        """The first of `named` that is registered, with its entry; else the last, with None."""
         for value in named:
-            if (plan := await store.plan(value)) is not None:
-                return value, plan
+            if (entry := await store.entry(value)) is not None:
+                return value, entry
         return named[-1], None
 
     async def one(request: Request) -> Response:
@@ -135,26 +199,27 @@ def key_routes(control: AdminControl) -> list[Route]:
             if len(given) != 1:
                 raise _Invalid("key", "give one key= (the key, or its fingerprint kf_...)")
             named = _named(given[0], settings.source)
-            value, plan = await existing(store, named)
+            value, registered = await existing(store, named)
             if request.method == "GET":
-                if plan is None:
+                if registered is None:
                     return problem_response(404, "no such key", key=fingerprint(value))
-                return JSONResponse({"key": fingerprint(value), "plan": plan})
+                return JSONResponse(shown_entry(value, registered))
             if request.method == "DELETE":
-                if plan is None:
+                if registered is None:
                     return problem_response(404, "no such key", key=fingerprint(value))
                 await store.write({value: None})
                 await signalled(store)
                 return JSONResponse({"key": fingerprint(value), "deleted": True})
             body = await body_of(request, 4096)
-            if not isinstance(body, dict) or set(body) != {"plan"}:
-                raise _Invalid("plan", 'the body is {"plan": NAME}')
-            if plan is None:
+            if not isinstance(body, dict) or "plan" not in body or not set(body) <= ENTRY_FIELDS:
+                raise _Invalid("plan", 'the body is {"plan": NAME}, with "consumer": NAME and "metadata": '
+                                       '{...} if wanted')
+            if registered is None:
                 value = named[0]  # a new key: registered as given, even one shaped like a fingerprint
-            plan = _plan(settings, body["plan"])
-            await store.write({value: plan})
+            entry = _entry(settings, body, value)
+            await store.write({value: entry})
             await signalled(store)
-            return JSONResponse({"key": fingerprint(value), "plan": plan} | kept_in_memory())
+            return JSONResponse(shown_entry(value, _after(entry, registered)) | kept_in_memory())
         except _Refused as exc:
             return exc.response
         except _Invalid as exc:
@@ -189,13 +254,15 @@ def key_routes(control: AdminControl) -> list[Route]:
                 raise _Invalid("keys", 'the body is {"keys": [{"key": KEY, "plan": PLAN}, ...]}')
             if len(items) > MAX_BULK:
                 raise _Invalid("keys", f"at most {MAX_BULK} keys in one call")
-            entries: dict[int, str | None] = {}
+            entries: dict[int, KeyEntry | None] = {}
             for n, item in enumerate(items):
-                if not isinstance(item, dict) or set(item) != {"key", "plan"} or not isinstance(item["key"], str):
-                    raise _Invalid(f"keys[{n}]", 'each is {"key": KEY, "plan": PLAN}')
+                if (not isinstance(item, dict) or not {"key", "plan"} <= set(item) <= ENTRY_FIELDS | {"key"}
+                        or not isinstance(item["key"], str)):
+                    raise _Invalid(f"keys[{n}]", 'each is {"key": KEY, "plan": PLAN}, with "consumer": NAME and '
+                                                 '"metadata": {...} if wanted')
                 try:
-                    key = _key_bytes(item["key"].encode("utf-8", "surrogateescape"), settings.source)
-                    entries[digest(key)] = _plan(settings, item["plan"])
+                    value = digest(_key_bytes(item["key"].encode("utf-8", "surrogateescape"), settings.source))
+                    entries[value] = _entry(settings, item, value)
                 except _Invalid as exc:
                     raise _Invalid(f"keys[{n}].{exc.field}", str(exc)) from None
             await store.write(entries)  # one call: all or none

@@ -48,7 +48,8 @@ def _view(runtime: Runtime, admit: Admit) -> RequestView:
             key = view.read(settings.source)
         except BadRequest:
             key = None
-        view.plan = (table.plan(key) if key and table is not None else None) or "none"
+        found = table.lookup(key) if key and table is not None else None
+        view.plan, view.consumer = found or ("none", None)
     return view
 
 
@@ -154,6 +155,7 @@ async def usage_answer(runtime: Runtime, admit: Admit) -> Reply:
         return status, headers, body
     order = {(r.route, r.rule): n for n, r in enumerate(reads)}
     rows.sort(key=lambda row: order[(str(row["route"]), str(row["rule"]))])
-    body = json.dumps({"usage": rows}, separators=(",", ":")).encode()
+    named = {"consumer": admit.consumer or None} if runtime.config.keys is not None else {}
+    body = json.dumps(named | {"usage": rows}, separators=(",", ":")).encode()
     return 200, [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
                  (b"content-length", b"%d" % len(body))], body

@@ -178,7 +178,7 @@ class RequestView:
     stripped of hop-by-hop fields), computed once and only on demand."""
 
     __slots__ = ("_claims", "_claims_done", "_cookies", "_ip", "_query", "body_more", "body_prefix",
-                 "config", "jwt", "method", "params", "plan", "request")
+                 "config", "consumer", "jwt", "method", "params", "plan", "request")
 
     def __init__(
         self, request: Request, params: dict[str, str], config: Config, jwt: JwtVerifier | None
@@ -195,6 +195,7 @@ class RequestView:
         self._claims: dict[str, Any] | None = None
         self._claims_done = False
         self.plan: str | None = None  # the plan of the request's API key (`keys:`), once read
+        self.consumer: str | None = None  # ... and its consumer (None: no registered key)
         self.method: str | None = None  # as the matched route's upstream acts on it (None: the request's own)
 
     def acted_method(self) -> str:
@@ -294,6 +295,8 @@ class RequestView:
             return self.acted_method().encode()
         if kind == "jwt":
             return self.claim(source.name)
+        if kind == "consumer":
+            return self.consumer.encode() if self.consumer is not None else None
         if kind == "body":
             if self.body_prefix is None:
                 return None

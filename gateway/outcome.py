@@ -61,6 +61,7 @@ class Answer:
     request_id: bytes | None = None  # the client's X-Request-Id, when usable
     decided_by: DecidedBy = DecidedBy.NONE
     identity: str = ""              # the refusing rule's identity, shown (gateway.keys.shown): what key= takes
+    consumer: str = ""              # the consumer of the request's API key (`keys:`), when it has one
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class Admit:
     settlement: Settlement | None = None  # what the answer may still charge or give back
     lease: Lease | None = None            # concurrency slots held until the request ends
     slot: Slot | None = None              # its place in a protected upstream's limit (gateway/protect.py)
+    consumer: str = ""                    # the consumer of the request's API key (`keys:`), when it has one
 
     @property
     def route(self) -> str:

@@ -67,6 +67,13 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Reque
     step = _match(runtime, scope, limits)
     if isinstance(step, Answer):
         return step
+    result = await _decide_matched(runtime, step, receive, limits, guarded)
+    result.consumer = step.view.consumer or ""
+    return result
+
+
+async def _decide_matched(runtime: Runtime, step: Matched, receive: Receive, limits: Limits,
+                          guarded: bool) -> Admit | Answer:
     request, plan, view = step
     route = plan.route
     more_body = request.has_body
@@ -188,6 +195,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Answer 
         rendered = seen.rendered
         if rendered is None or rendered[0] != decision:  # the same decision is the same answer
             answer = _refused(plan, seen.rules, seen.keys, seen.parts, decision, DecidedBy.MEMORY, seen.request_id)
+            answer.consumer = rendered[1].consumer if rendered is not None else ""
             rendered = seen.rendered = decision, answer
         return rendered[1]
     step = _match(runtime, scope, limits)
@@ -206,6 +214,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Answer 
         scope[EARLY_WORK] = runtime, step, identified  # not thrown away: `decide()` goes on from here
         return None
     answer = _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
+    answer.consumer = view.consumer or ""
     if plan.repeatable:
         seen = Seen(plan.route, rules, keys, costs, answer.request_id, parts)
         seen.rendered = decision, answer
@@ -280,13 +289,13 @@ def _caller_plan(runtime: Runtime, view: RequestView, request: Request) -> Answe
         status, headers, body = problem(503, "API keys are not loaded yet (Redis unavailable); try again shortly")
         headers.append((b"retry-after", b"1"))
         return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request)
-    plan = table.plan(key) if key else None
-    if plan is None and settings.unknown == "reject":
+    found = table.lookup(key) if key else None
+    if found is None and settings.unknown == "reject":
         detail = f"no API key in {settings.source}" if not key else "unknown API key"
         status, headers, body = problem(401, detail)
         headers.append((b"www-authenticate", f'Key realm="gateway", source="{settings.source}"'.encode()))
         return _answer((status, headers, body), RequestOutcome.UNKNOWN_KEY, request)
-    view.plan = plan or "none"
+    view.plan, view.consumer = found or ("none", None)
     return None
 
 

@@ -1,6 +1,7 @@
 """Who is being limited: the identities refused most, in bounded memory (`GET /top` on the admin port).
 
-Each worker counts its refusals (route, rule, identity token) in one Space-Saving sketch per minute
+Each worker counts its refusals (route, rule, identity token, and the consumer of the request's API
+key, when it has one) in one Space-Saving sketch per minute
 (Metwally, Agrawal and El Abbadi, 2005): at most `capacity` counters a minute, so a flood of
 distinct identities costs a fixed amount of memory; an identity refused more than 1/capacity of
 a minute's refusals is always among them, and its count is over by at most the minute's smallest
@@ -24,7 +25,7 @@ MINUTE = 60
 MAX_WINDOW = 60 * MINUTE
 CAPACITY = 256
 
-Item = tuple[str, str, str]  # route, rule, identity token
+Item = tuple[str, str, str, str]  # route, rule, identity token, consumer ("" without one)
 
 
 class SpaceSaving:
@@ -60,6 +61,7 @@ class Refused:
     route: str
     rule: str
     identity: str
+    consumer: str
     refusals: int
     error: int  # the count may be over by at most this much (0: exact)
 
@@ -71,14 +73,14 @@ class TopRefused:
         self.directory = Path(directory) if directory else None
         self.changed = False
 
-    def record(self, route: str, rule: str, identity: str, now: float | None = None) -> None:
+    def record(self, route: str, rule: str, identity: str, consumer: str = "", now: float | None = None) -> None:
         minute = int((time.time() if now is None else now) // MINUTE)
         sketch = self.minutes.get(minute)
         if sketch is None:
             sketch = self.minutes[minute] = SpaceSaving(self.capacity)
             for old in [m for m in self.minutes if m <= minute - MAX_WINDOW // MINUTE]:
                 del self.minutes[old]
-        sketch.add((route, rule, identity))
+        sketch.add((route, rule, identity, consumer))
         self.changed = True
 
     def save(self) -> None:
@@ -124,4 +126,12 @@ class TopRefused:
             except (OSError, ValueError):
                 continue  # a worker gone, or a file half written by another system
             for minute, entries in data.items():
-                yield int(minute), [((e[0], e[1], e[2]), int(e[3]), int(e[4])) for e in entries]
+                yield int(minute), [_entry(e) for e in entries]
+
+
+def _entry(saved: list[str | int]) -> tuple[Item, int, int]:
+    """One saved counter: route, rule, identity, consumer, count, error (without the consumer: a
+    worker of an older version)."""
+    *item, count, error = saved
+    route, rule, identity, consumer = (*(str(part) for part in item), "")[:4]
+    return (route, rule, identity, consumer), int(count), int(error)

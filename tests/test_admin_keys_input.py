@@ -63,8 +63,9 @@ def test_a_raw_key_shaped_like_a_fingerprint_is_revoked_by_its_own_value(gateway
     raw = "kf_" + uuid.uuid4().hex[:16]
     with httpx.Client(base_url=gateway.admin_url) as admin:
         assert admin.put("/keys", params={"key": raw}, json={"plan": "pro"}).status_code == 200
-        assert admin.get("/keys", params={"key": raw}).json() == {"key": fingerprint(digest(raw.encode())),
-                                                                  "plan": "pro"}
+        mark = fingerprint(digest(raw.encode()))
+        assert admin.get("/keys", params={"key": raw}).json() == {"key": mark, "plan": "pro", "consumer": mark,
+                                                                  "metadata": {}}
         wait_until(lambda: _status(gateway, raw.encode()) == 200, timeout=2.0)
         assert admin.delete("/keys", params={"key": raw}).status_code == 200
         assert admin.get("/keys", params={"key": raw}).status_code == 404
@@ -73,7 +74,7 @@ def test_a_raw_key_shaped_like_a_fingerprint_is_revoked_by_its_own_value(gateway
         other = uuid.uuid4().hex
         assert admin.put("/keys", params={"key": other}, json={"plan": "free"}).status_code == 200
         mark = fingerprint(digest(other.encode()))
-        assert admin.get("/keys", params={"key": mark}).json() == {"key": mark, "plan": "free"}
+        assert admin.get("/keys", params={"key": mark}).json()["plan"] == "free"
         assert admin.delete("/keys", params={"key": mark}).status_code == 200
 
 

@@ -152,8 +152,9 @@ def _follow(a: GatewayProcess, b: GatewayProcess, redis: RedisProcess, admin: ht
     assert first.json()["detail"] == "unknown API key" and "echo" not in first.text
     assert _status(a, None) == 401 and httpx.get(a.url + "/echo/api").json()["detail"].startswith("no API key")
     # registered: every gateway follows within 2 s; its plan picks the route
+    mark = fingerprint(digest(key.encode()))
     put = admin.put("/keys", params={"key": key}, json={"plan": "free"})
-    assert put.status_code == 200 and put.json() == {"key": fingerprint(digest(key.encode())), "plan": "free"}
+    assert put.status_code == 200 and put.json() == {"key": mark, "plan": "free", "consumer": mark, "metadata": {}}
     for gateway in (a, b):
         _until_status(gateway, key, 200)
     assert _rule(a, key) == "free-minute" and _status(b, key) == 429  # 2 a minute on the free plan, both counted
@@ -161,8 +162,8 @@ def _follow(a: GatewayProcess, b: GatewayProcess, redis: RedisProcess, admin: ht
     for gateway in (a, b):
         wait_until(lambda: _rule(gateway, key) == "pro-minute", timeout=APPLIES_WITHIN)  # noqa: B023
     # read back by the key or its fingerprint; listed by plan, fingerprints only
-    mark = fingerprint(digest(key.encode()))
-    assert admin.get("/keys", params={"key": mark}).json() == {"key": mark, "plan": "pro"}
+    assert admin.get("/keys", params={"key": mark}).json() == {"key": mark, "plan": "pro", "consumer": mark,
+                                                               "metadata": {}}  # a consumer of its own
     listed = admin.get("/keys", params={"plan": "pro", "limit": 1000}).json()
     assert listed["keys"] == [mark] and key not in json.dumps(listed)
     # never stored as itself

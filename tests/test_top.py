@@ -27,7 +27,7 @@ from tests.support.waiting import wait_until
 def test_space_saving_keeps_every_heavy_hitter_with_bounded_error(stream: list[int], capacity: int) -> None:
     sketch = SpaceSaving(capacity)
     for value in stream:
-        sketch.add(("r", "u", str(value)))
+        sketch.add(("r", "u", str(value), ""))
     assert len(sketch.counts) <= capacity  # memory bounded, whatever the number of identities
     truth = Counter(str(v) for v in stream)
     kept = {item[2]: (count, error) for item, count, error in sketch.items()}

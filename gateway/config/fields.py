@@ -379,7 +379,8 @@ FIELDS: tuple[Field, ...] = (
 
     _f(RULE, "name", Name(), "The rule's name, in RateLimit-Policy, refusals and metrics.", required=""),
     _f(Place.USE, "use", Name(), "The name of a rule of `shared:`; alone in its mapping.", required=""),
-    _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route.",
+    _f(RULE, "by", ListOf(Source()), "Identity sources; [] is one key shared by every request of the route. "
+       "`consumer` (with `keys:`) counts every key of one consumer together, so a rotated key keeps the budget.",
        required="([] for one shared key)"),
     _f(RULE, "algorithm", Choice(ALGORITHMS), "How the rule counts (README: the algorithms).", required=""),
     _f(RULE, "limit", Integer(1, 1_000_000_000), "Requests per window (windows), in total (quota) or "

@@ -347,8 +347,8 @@ class Conditions(Kind):
                 "additionalProperties": {"anyOf": choices}}
 
 
-SOURCE_KINDS = ("ip", "method", "body", "header", "query", "path", "cookie", "jwt")
-NAMELESS_SOURCES = ("ip", "method", "body")
+SOURCE_KINDS = ("ip", "method", "body", "consumer", "header", "query", "path", "cookie", "jwt")
+NAMELESS_SOURCES = ("ip", "method", "body", "consumer")  # consumer: the API key's (`keys:`)
 TYPED_SOURCES = ("path", "query", "header", "cookie", "jwt")  # :int and :float read as the upstream reads them
 
 

@@ -1204,12 +1204,14 @@ def _source_of(text: str, node: yaml.Node, key: str, r: _Reader, params: Params,
                                  f"it cannot be read as {type_}")
             return None
     if kind not in SOURCE_KINDS:
-        known = "ip, method, body, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM"
+        known = "ip, method, body, consumer, header:NAME, query:NAME, path:PARAM, cookie:NAME, jwt:CLAIM"
         r.problem(node, key, f"{text!r} is not an identity source (one of: {known})")
         return None
     if kind in NAMELESS_SOURCES:
         if name:
             r.problem(node, key, f"{kind} takes no name")
+            return None
+        if kind == "consumer" and not _consumer_readable(node, key, r):
             return None
         return Source(kind)
     if not name or len(name) > 128:
@@ -1230,6 +1232,20 @@ def _source_of(text: str, node: yaml.Node, key: str, r: _Reader, params: Params,
     if kind == "path" and type_ is None and params.get(name) in TYPES:
         type_ = params[name]  # {item:int}: the router already keeps one spelling; said so in the source
     return Source(kind, name, type_)
+
+
+def _consumer_readable(node: yaml.Node, key: str, r: _Reader) -> bool:
+    """`consumer` (the consumer of the request's API key) needs the keys: section, and is not where
+    the key itself is read."""
+    if key == "keys.source":
+        r.problem(node, key, "consumer is what a key is registered with; keys.source is where a request "
+                             "carries the key (header:X-Api-Key, query:api_key, ...)")
+        return False
+    if r.keys_source is None:
+        r.problem(node, key, "consumer identities need a top-level keys: section (a key's consumer is "
+                             "registered with it on the admin port, /keys)")
+        return False
+    return True
 
 
 # Fields no identity can read: hop-by-hop or framing (the gateway removes or rewrites them before

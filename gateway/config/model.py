@@ -93,8 +93,8 @@ class Rule:
     @property
     def readable_identity(self) -> bool:
         """Whether this rule's identity may be kept as it came (gateway/keys.py): only the client's
-        address, the path and the method, which an access log shows anyway."""
-        return all(source.kind in ("ip", "path", "method") for source in self.by)
+        address, the path, the method and the API key's consumer, which an access log shows anyway."""
+        return all(source.kind in ("ip", "path", "method", "consumer") for source in self.by)
 
     @property
     def unseen_by_a_check(self) -> tuple[str, ...]:
