@@ -62,17 +62,20 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Reque
     rules refuse; a request refused for want of one (503) is never counted by its rules."""
     early = scope.pop(EARLY_WORK, None)
     if early is not None and early[0] is runtime:  # `decide_now` matched and identified it a moment ago
-        _, (request, plan, view), identified = early
-        return await _guarded(runtime, plan, request, view, identified, request.has_body, guarded)
-    step = _match(runtime, scope, limits)
-    if isinstance(step, Answer):
-        return step
-    result = await _decide_matched(runtime, step, receive, limits, guarded)
+        _, step, identified = early
+        result = await _guarded(runtime, step.plan, step.request, step.view, identified, step.request.has_body,
+                                guarded)
+    else:
+        matched = _match(runtime, scope, limits)
+        if isinstance(matched, Answer):
+            return matched
+        step = matched
+        result = await _decide_matched(runtime, step, receive, limits, guarded)
     result.consumer = step.view.consumer or ""
     return result
 
 
-async def _decide_matched(runtime: Runtime, step: Matched, receive: Receive, limits: Limits,
+async def _decide_matched(runtime: Runtime, step: Matched, receive: Receive, limits: RequestBounds,
                           guarded: bool) -> Admit | Answer:
     request, plan, view = step
     route = plan.route
