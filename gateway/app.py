@@ -1,7 +1,7 @@
 """The composition root: settings -> lifecycle (config, runtime) -> the Starlette application.
 
 The application routes a request that arrived on the admin socket to the admin app
-(gateway/admin.py), one on the check socket to the check endpoint (gateway/check.py), and every
+(gateway/admin/), one on the check socket to the check endpoint (gateway/check.py), and every
 other HTTP request to the proxy endpoint (gateway/endpoint.py); both endpoints take it through the
 pipeline (gateway/pipeline.py). The lifespan opens and closes the pools.
 """

@@ -3,7 +3,7 @@
 `Lifecycle` holds the Runtime in force (gateway/runtime.py) and swaps it on reload: the new file is
 validated first and, if bad, the old config stays; requests hold the Runtime they started with,
 and the old one closes what the new one does not reuse once its last request has finished. The
-admin port (gateway/admin.py) reads and reloads through it.
+admin port (gateway/admin/) reads and reloads through it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Issue 33: the admin port read a 64 MiB body whole before its 413, and waited for a stalled body
 for ever. Now a declared length past the bound is refused before the body is read, a body that
-grows past it is cut there, and one that stalls is a 408 (gateway/admin.py, ADMIN_BODY_TIMEOUT)."""
+grows past it is cut there, and one that stalls is a 408 (gateway/admin/, ADMIN_BODY_TIMEOUT)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.admin_common import ADMIN_BODY_TIMEOUT
+from gateway.admin.common import ADMIN_BODY_TIMEOUT
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.admin_common import ADMIN_BODY_TIMEOUT
+from gateway.admin.common import ADMIN_BODY_TIMEOUT
 from gateway.api_keys import digest, fingerprint
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within

@@ -1,4 +1,4 @@
-"""API keys and plans at runtime (gateway/api_keys.py, gateway/admin_keys.py; issue 30): keys
+"""API keys and plans at runtime (gateway/api_keys.py, gateway/admin/keys.py; issue 30): keys
 registered on the admin port, stored as digests, followed by every gateway within 2 s without a
 Redis call per request; unknown keys are 401s, never forwarded."""
 

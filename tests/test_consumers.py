@@ -1,4 +1,4 @@
-"""Consumers of API keys (gateway/api_keys.py, gateway/admin_keys.py, gateway/admin_consumers.py): a
+"""Consumers of API keys (gateway/api_keys.py, gateway/admin/keys.py, gateway/admin/consumers.py): a
 key belongs to a consumer, `by: [consumer]` counts every key of one consumer together (a rotated key
 keeps the budget), and the usage route, /top, the access log and GET /consumers/{name} name it."""
 

@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin_common import AdminControl, problem_response, runtime_of
-from gateway.admin_keys import CONSUMER, shown_entry
+from gateway.admin.common import AdminControl, problem_response, runtime_of
+from gateway.admin.keys import CONSUMER, shown_entry
 from gateway.api_keys import KeyEntry, KeyStore, from_fingerprint
 from gateway.config import Source
 from gateway.errors import RedisUnavailable

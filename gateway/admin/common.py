@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote_to_bytes
 
 from starlette.exceptions import HTTPException
@@ -17,6 +17,7 @@ from starlette.responses import Response
 from gateway.responses import problem
 
 if TYPE_CHECKING:
+    from gateway.plan import RoutePlan
     from gateway.runtime import Runtime
     from gateway.settings import Settings
     from gateway.top import TopRefused
@@ -161,3 +162,34 @@ def runtime_of(control: AdminControl) -> Runtime:
     if runtime is None:
         raise HTTPException(503, "configuration not loaded yet")
     return runtime
+
+
+A = TypeVar("A")
+T = TypeVar("T")
+SHARD_CALLS = 32  # admin calls in flight at once for a split rule's shards
+
+
+async def each(items: Sequence[A], call: Callable[[A], Awaitable[T]]) -> list[T]:
+    """`call` for every item (one per shard), a few dozen at a time; the results in order."""
+    out: list[T] = []
+    for start in range(0, len(items), SHARD_CALLS):
+        out.extend(await asyncio.gather(*(call(item) for item in items[start:start + SHARD_CALLS])))
+    return out
+
+
+def route_rule(runtime: Runtime, request: Request) -> tuple[RoutePlan, int] | Response:
+    """The route and the index of the rule a `/{route}/{rule}` path names, or its 404."""
+    route_name, rule_name = request.path_params["route"], request.path_params["rule"]
+    plan = runtime.plans.get(route_name)
+    if plan is None:
+        return problem_response(404, f"no route {route_name[:100]!r}")
+    index = next((i for i, r in enumerate(plan.rules) if r.name == rule_name), None)
+    if index is None:
+        return problem_response(404, f"route {route_name!r} has no rule {rule_name[:100]!r}")
+    return plan, index
+
+
+def control_of(request: Request) -> AdminControl:
+    """The gateway the admin app reports on and acts for (`admin_app` keeps it in the app's state)."""
+    control: AdminControl = request.app.state.control
+    return control

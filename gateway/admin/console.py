@@ -1,4 +1,4 @@
-"""The console: `GET /` on the admin port, a page for people (gateway/console/: HTML, JS, CSS, no
+"""The console: `GET /` on the admin port, a page for people (gateway/admin/console/: HTML, JS, CSS, no
 build step, nothing from another origin).
 
     GET /                  the page (Content-Security-Policy: this origin only)
@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway import metrics, reload_log
-from gateway.admin_common import AdminControl, problem_response
+from gateway.admin.common import AdminControl, problem_response
 from gateway.breaker import BreakerState
 from gateway.settings import metrics_dir
 

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.admin_common import (
+from gateway.admin.common import (
     AdminControl,
     admin_body,
     is_cursor,
