@@ -65,6 +65,8 @@ class Runtime:
             await self.settler.drain()
         if self.leases is not None:
             await self.leases.drain()
+        for guard in set(self.guards.values()):
+            await guard.drain()
         for client in self.clients.values():
             await client.close()
         await self.limiter.close()
@@ -109,7 +111,8 @@ def build_runtime(
         plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
     for domain in config.rls:  # routes of their own, which no HTTP request matches
         plans[domain.route.name] = route_plan(domain.route, redis.key_prefix, None)
-    guards = guards_for(config.routes, guards or {})  # a reload keeps a limit whose protect: is unchanged
+    # a reload keeps a limit whose protect: is unchanged
+    guards = guards_for(config.routes, guards or {}, limiter, redis.key_prefix)
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
         r.when.jwt for r in config.routes) or any(p.when.jwt for g in guards.values() for p in g.protect.priorities)
     refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)

@@ -121,6 +121,7 @@ ALGORITHMS = tuple(Algorithm)
 
 HEADER_MODES = ("draft", "legacy", "both", "none")
 FAILURE_MODES = ("open", "closed")
+PROTECT_SCOPES = ("worker", "fleet")
 ON_MISSING = ("reject", "skip", "ip")
 REDIS_MODES = ("standalone", "cluster", "sentinel")
 CHECK_CONVENTIONS = ("auto", "forwarded", "original", "request_line")
@@ -299,6 +300,12 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.PROTECT, "min_limit", Integer(1, 100_000), "The in-flight limit never goes below this.", default=2),
     _f(Place.PROTECT, "max_limit", Integer(1, 100_000), "The in-flight limit never goes above this.",
        default=1000),
+    _f(Place.PROTECT, "scope", Choice(PROTECT_SCOPES), "worker: each worker of each gateway holds a limit of its "
+       "own; fleet: every gateway sharing the Redis holds one limit together, its slots taken and given back "
+       "in Redis (docs/algorithms.md). Redis unavailable: failure_mode open falls back to the worker's own "
+       "limit, closed answers 503 + Retry-After.", default="worker"),
+    _f(Place.PROTECT, "lease", Duration(window=True), "scope fleet: how long a slot outlives a gateway that died "
+       "holding it (a request in flight renews its lease while it lasts).", default=60.0, shown="60s"),
     _f(Place.LATENCY, "target", Duration(), "The answer time (at `percentile`) the limit keeps the upstream "
        "under: it shrinks while the answers are slower. Absent: twice the unloaded answer time; the limit "
        "aims at no less than 1.25 times the unloaded time whatever the target.", default=None,

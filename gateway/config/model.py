@@ -178,6 +178,8 @@ class Protect:
     percentile: int = default(P.LATENCY, "percentile")
     min_limit: int = default(P.PROTECT, "min_limit")
     max_limit: int = default(P.PROTECT, "max_limit")
+    scope: str = default(P.PROTECT, "scope")          # worker: each worker its own limit; fleet: one in Redis
+    lease: float = default(P.PROTECT, "lease")        # seconds (fleet): how long a dead gateway's slots outlive it
 
 
 @dataclass(frozen=True)
