@@ -202,9 +202,9 @@ class Guard:
         self.fleet_in_flight = 0      # the fleet's, as the last take saw it
         self.shedding = False
         self.shed_since_start = 0
-        self._limit_gauge = metrics.PROTECT_LIMIT.labels(upstream, self.route)
+        self._limit_gauge = (metrics.PROTECT_FLEET_LIMIT if fleet else metrics.PROTECT_LIMIT).labels(upstream,
+                                                                                                    self.route)
         self._seen_gauge = metrics.PROTECT_ANSWER_TIME.labels(upstream, self.route)
-        self._fleet_gauge = metrics.PROTECT_FLEET_LIMIT.labels(upstream, self.route) if fleet else None
         self._show_limit()
 
     def priority(self, view: RequestView) -> Priority:
@@ -297,10 +297,7 @@ class Guard:
             self.shed_since_start = 0
 
     def _show_limit(self) -> None:
-        if self._fleet_gauge is not None:
-            self._fleet_gauge.set(self.controller.limit)
-        else:
-            self._limit_gauge.set(self.controller.limit)
+        self._limit_gauge.set(self.controller.limit)
 
     async def drain(self) -> None:
         """The last slots' give-backs and the last proposal reach Redis (at shutdown)."""

@@ -1040,6 +1040,10 @@ routes:
     match: {{path: /slow}}
     upstream: up
     protect: {{min_limit: 1, max_limit: 1}}
+  - name: fleet
+    match: {{path: /echo/fleet}}
+    upstream: up
+    protect: {{scope: fleet}}
 """
 
 

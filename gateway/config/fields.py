@@ -85,9 +85,10 @@ PLACES: dict[Place, str] = {
     Place.RLS_DESCRIPTOR: "`rls.domains.DOMAIN.descriptors: [...]` one descriptor entry; the most specific "
                           "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
     Place.PROTECT: "`upstreams.NAME.protect:` or `routes[].protect:` an adaptive limit on the requests in flight "
-                   "to the upstream, per worker, which grows while its answer time stays near the unloaded one "
-                   "and shrinks when it rises; at the limit the lowest priority is refused first (503, "
-                   "Retry-After). A route's replaces its upstream's for its requests (docs/algorithms.md).",
+                   "to the upstream, per worker or (scope: fleet) one for every gateway, which grows while its "
+                   "answer time stays near the unloaded one and shrinks when it rises; at the limit the lowest "
+                   "priority is refused first (503, Retry-After). A route's replaces its upstream's for its "
+                   "requests (docs/algorithms.md).",
     Place.LATENCY: "`protect.latency:` the upstream's own answer time the limit keeps it to.",
     Place.PRIORITY: "`protect.priorities: [...]` one class of requests; the first whose match holds takes a "
                     "request, the last takes every request left. Listed from the most important to the least.",
