@@ -120,6 +120,12 @@ PROTECT_LIMIT = Gauge(
     ["upstream", "route"],
     multiprocess_mode="livesum",
 )
+PROTECT_QUEUED = Gauge(
+    "gateway_protect_queued",
+    "protect: requests waiting for a place in the in-flight limit (a priority's queue:), by priority.",
+    ["upstream", "route", "priority"],
+    multiprocess_mode="livesum",
+)
 PROTECT_FLEET_LIMIT = Gauge(
     "gateway_protect_fleet_limit",
     "protect: scope fleet: the one limit on requests in flight to an upstream that every gateway sharing the "

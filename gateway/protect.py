@@ -31,6 +31,7 @@ route's failure_mode; open falls back to the worker's own count against the last
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import random
@@ -198,10 +199,14 @@ class Guard:
         self.clock = clock
         self.fleet = fleet
         self.controller = Controller(protect, clock())
-        self.in_flight = 0            # this worker's
-        self.fleet_in_flight = 0      # the fleet's, as the last take saw it
+        self.in_flight = 0  # this worker's (fleet-wide: the fleet's is counted in Redis)
         self.shedding = False
         self.shed_since_start = 0
+        self.waiting: dict[str, collections.deque[asyncio.Future[Slot]]] = {}  # per priority: its queue
+        self.queued = 0
+        for priority in protect.priorities:
+            if priority.queue_size:  # shown at 0 from the start
+                metrics.PROTECT_QUEUED.labels(upstream, self.route, priority.name)
         self._limit_gauge = (metrics.PROTECT_FLEET_LIMIT if fleet else metrics.PROTECT_LIMIT).labels(upstream,
                                                                                                     self.route)
         self._seen_gauge = metrics.PROTECT_ANSWER_TIME.labels(upstream, self.route)
@@ -219,6 +224,8 @@ class Guard:
         """A slot for a request of `priority`, or None: refused, it is to be answered 503. Fleet-wide
         with Redis unavailable: RedisUnavailable unless `fail_open`, which counts this worker's own."""
         if self.fleet is None:
+            if priority.queue_size and not self._free_for(priority):
+                return await self._wait(priority)
             return self.take_here(priority)
         try:
             lease, count, limit, in_force = await self.fleet.take(priority.share, self.controller.limit,
@@ -232,8 +239,9 @@ class Guard:
             self.fleet.down = False
             log.warning("upstream '%s' (routes %s): Redis answers again; the fleet's limit applies",
                         self.upstream, self.route)
-        self.controller.limit = limit
-        self.fleet_in_flight = count
+        if limit != self.controller.limit:
+            self.controller.limit = limit
+            self._show_limit()
         self.controller.busiest = max(self.controller.busiest, count)
         if lease is None:
             self._shed(priority, in_force, count)
@@ -243,13 +251,69 @@ class Guard:
 
     def take_here(self, priority: Priority) -> Slot | None:
         """A slot counted in this worker alone."""
-        allowed = self.controller.in_force * priority.share
-        if self.in_flight and self.in_flight >= allowed:
+        if not self._free_for(priority):
             self._shed(priority, self.controller.in_force, self.in_flight)
             return None
+        return self._grant(priority)
+
+    def _fits(self, priority: Priority) -> bool:
+        return not self.in_flight or self.in_flight < self.controller.in_force * priority.share
+
+    def _free_for(self, priority: Priority) -> bool:
+        """A place fits the priority's share, and no request as important or more waits for one."""
+        if not self._fits(priority):
+            return False
+        if self.queued:
+            for waiting in self.protect.priorities:
+                if self.waiting.get(waiting.name):
+                    return False
+                if waiting.name == priority.name:
+                    break
+        return True
+
+    def _grant(self, priority: Priority) -> Slot:
         self.in_flight += 1
         self.controller.busiest = max(self.controller.busiest, self.in_flight)
         return Slot(self, priority)
+
+    async def _wait(self, priority: Priority) -> Slot | None:
+        """Wait in the priority's queue for a place, until its timeout: the slot, or None (refused)."""
+        queue = self.waiting.setdefault(priority.name, collections.deque())
+        if len(queue) >= priority.queue_size:
+            self._shed(priority, self.controller.in_force, self.in_flight)
+            return None
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        queue.append(future)
+        self.queued += 1
+        gauge = metrics.PROTECT_QUEUED.labels(self.upstream, self.route, priority.name)
+        gauge.inc()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), priority.queue_timeout)
+        except TimeoutError:
+            if future.done():  # given a place as its time ran out
+                return future.result()
+            self._shed(priority, self.controller.in_force, self.in_flight)
+            return None
+        except asyncio.CancelledError:  # the client left while it waited
+            if future.done() and not future.cancelled():
+                future.result().release()
+            raise
+        finally:
+            if not future.done():
+                future.cancel()
+            if future in queue:
+                queue.remove(future)
+            self.queued -= 1
+            gauge.dec()
+
+    def _wake(self) -> None:
+        """Places free: to the waiters, the most important priority first, each queue in arrival order."""
+        for priority in self.protect.priorities:
+            queue = self.waiting.get(priority.name)
+            while queue and self._fits(priority):
+                future = queue.popleft()
+                if not future.done():
+                    future.set_result(self._grant(priority))
 
     def _fleet_down(self, exc: RedisUnavailable) -> None:
         assert self.fleet is not None
@@ -333,6 +397,8 @@ class Slot:
         if not self.released:
             self.released = True
             self.guard._release(self.seconds, self.dropped, self.lease)
+            if self.guard.queued:
+                self.guard._wake()
 
 
 def shed_answer_fields(guard: Guard, priority: Priority, route: str) -> tuple[str, dict[str, object]]:

@@ -1044,6 +1044,10 @@ routes:
     match: {{path: /echo/fleet}}
     upstream: up
     protect: {{scope: fleet}}
+  - name: queued
+    match: {{path: /echo/queued}}
+    upstream: up
+    protect: {{priorities: [{{name: all, queue: {{size: 1}}}}]}}
 """
 
 

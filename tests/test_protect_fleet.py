@@ -165,7 +165,8 @@ def test_a_gateway_that_dies_gives_its_slots_back_when_their_lease_runs_out(
     client = redis_proc.client()
     try:
         slots = f"{fleet.prefix}:{{~protect:up:*}}:slots"
-        first = max(score for _, score in client.zrange(slots, 0, -1, withscores=True))
+        leases: list[tuple[bytes, float]] = client.zrange(slots, 0, -1, withscores=True)  # type: ignore[assignment]
+        first = max(score for _, score in leases)
         # alive, the holder renews its leases: once Redis's clock is past their first expiry they still hold
         wait_until(lambda: _redis_now_us(client) > first)
         assert httpx.get(alive.url + "/inflight", params={"delay": 0}).status_code == 503

@@ -62,6 +62,7 @@ class Place(StrEnum):
     LATENCY = "latency"
     PRIORITY = "priority"
     PRIORITY_MATCH = "priority_match"
+    QUEUE = "queue"
 
 
 PLACES: dict[Place, str] = {
@@ -92,6 +93,9 @@ PLACES: dict[Place, str] = {
     Place.LATENCY: "`protect.latency:` the upstream's own answer time the limit keeps it to.",
     Place.PRIORITY: "`protect.priorities: [...]` one class of requests; the first whose match holds takes a "
                     "request, the last takes every request left. Listed from the most important to the least.",
+    Place.QUEUE: "`protect.priorities[].queue:` requests of the priority that find no place wait for one, in "
+                 "arrival order, instead of being refused at once; a place freed goes to the most important "
+                 "priority waiting. Per worker only (scope: worker).",
     Place.PRIORITY_MATCH: "`protect.priorities[].match:` which requests the priority takes: the conditions of a "
                           "route's match (every one given must hold).",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
@@ -316,6 +320,12 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.PRIORITY, "name", Name(), "The priority's name, in metrics, logs and refusals.", required=""),
     _f(Place.PRIORITY, "match", Section(Place.PRIORITY_MATCH), "The requests it takes; the last priority "
        "has none: it takes every request left."),
+    _f(Place.PRIORITY, "queue", Section(Place.QUEUE), "Wait for a place (a bounded queue with a deadline) "
+       "instead of a refusal at once.", default=None, shown="none: refused at once"),
+    _f(Place.QUEUE, "size", Integer(1, 100_000), "Requests that may wait at once; one more is refused (503) at "
+       "once.", required=""),
+    _f(Place.QUEUE, "timeout", Duration(), "The longest a request waits; past it, refused (503, "
+       "Retry-After).", default=1.0),
     _f(Place.PRIORITY, "share", Integer(1, 100), "Percent of the in-flight limit its requests may fill; past it "
        "they are refused. Default: 100 for the first, 50 for the last, evenly between.",
        shown="100 first .. 50 last"),

@@ -164,6 +164,8 @@ class Priority:
     share: float                      # of the in-flight limit, 0 < share <= 1
     when: Conditions = Conditions()
     methods: frozenset[str] | None = None
+    queue_size: int = 0               # requests that may wait for a place; 0: refused at once
+    queue_timeout: float = 0.0        # seconds one may wait
 
     def __post_init__(self) -> None:
         assert 0 < self.share <= 1, self.share
