@@ -3,6 +3,7 @@ Real gateway processes (two, sharing one Redis), a real upstream that counts the
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -14,6 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.config import Priority, Protect, RedisSettings
+from gateway.keys import protect_keys
+from gateway.limiter import Limiter
+from gateway.protect import Fleet, Guard
+from gateway.redis import make_runner
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
@@ -241,3 +247,44 @@ def test_redis_gone_failure_mode_open_counts_each_gateway_on_its_own_then_the_fl
         for h in held:
             h.close()
         fleet.stop()
+
+
+def test_the_fleet_steps_its_limit_once_a_window_and_probes_for_every_gateway(redis_proc: RedisProcess) -> None:
+    protect = Protect((Priority("all", 1.0),), min_limit=2, max_limit=100, scope="fleet")
+    prefix = f"s{uuid.uuid4().hex[:8]}"
+    client = redis_proc.client()
+    _, state = protect_keys(prefix, "up", "*")
+
+    async def run() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=redis_proc.url, timeout=2.0)))
+        one, two = (Guard(protect, "up", fleet=Fleet(limiter, prefix, "up", "*", 60.0)) for _ in range(2))
+        try:
+            assert one.fleet is not None and two.fleet is not None
+            slot = await one.take(protect.priorities[0])  # the fleet starts from the first gateway's limit
+            assert slot is not None and one.controller.limit == 10
+            stepped = int(client.hget(state, "stepped") or 0)
+            wait_until(lambda: _redis_now_us(client) > stepped + 100_000)  # a window of 100 ms has passed
+            one.controller.limit = 20
+            one.fleet.step(one.controller, 0.1, probe=False)
+            await one.fleet.drain()
+            assert one.controller.limit == 20
+            # the other gateway's proposal within its window of that step is dropped; the fleet's limit comes back
+            two.controller.limit = 5
+            two.fleet.step(two.controller, 3600.0, probe=False)
+            await two.fleet.drain()
+            assert two.controller.limit == 20
+            client.hset(state, "stepped", 0)  # as if the last step were long ago: the next proposal is taken
+            two.fleet.step(two.controller, 3600.0, probe=True)  # its limit (20) and a probe for its window
+            await two.fleet.drain()
+            # every gateway admits half the limit while the probe lasts: 10 places, one of them taken above
+            taken = [await g.take(protect.priorities[0]) for g in (one, two) * 6]
+            assert [s is not None for s in taken] == [True] * 9 + [False] * 3
+            for s in [slot, *taken]:
+                if s is not None:
+                    s.release()
+            await one.drain()
+            await two.drain()
+        finally:
+            await limiter.close()
+
+    asyncio.run(run())
