@@ -135,7 +135,7 @@ def simulate(rule: Rule, seconds: float, slow_at: float | None = None, seed: int
             priority = critical if kind == "critical" else sheddable
             push(at + rng.expovariate((0.2 if kind == "critical" else 3.0 * offered) * RATE), kind, None)
             result.critical_sent += kind == "critical"
-            slot = guard.take(priority)
+            slot = guard.take_here(priority)
             if slot is None:
                 result.critical_refused += kind == "critical"
                 continue

@@ -4,6 +4,7 @@
     <prefix>:{<route>:<shard>:<salt>}:<rule>:<identity>       shards: N > 1, shard in 0..N-1
     <prefix>:{~shared}:<rule>:<identity>                      a rule of `shared:`, wherever it is used
     <prefix>:{~shared}:<route>/<rule>:<identity>              the own rules of a route that uses one
+    <prefix>:{~protect:<upstream>:<route>}:slots | :limit     protect: scope fleet (route * : the upstream's)
 
 A shared rule keeps one counter for every route that names it, so its keys cannot carry a route's
 tag; a route that uses one moves its own rules' keys under the same `{~shared}` tag (`~` is in no
@@ -133,6 +134,12 @@ def rule_segment(route: str, rule: str, shared: bool, route_uses_shared: bool) -
 def state_key(prefix: str, route: str, rule: str, token: str, tag: str | None = None) -> str:
     """A rule's key; `tag` is one of `shard_tags(route, N)` on a sharded route (default: the route)."""
     return f"{prefix}:{{{tag or route}}}:{rule}:{token}"
+
+
+def protect_keys(prefix: str, upstream: str, route: str) -> tuple[str, str]:
+    """A fleet-wide protect:'s keys: the slots in flight and the limit (lua/protect.lua), one tag."""
+    tag = f"{prefix}:{{~protect:{upstream}:{route}}}"
+    return f"{tag}:slots", f"{tag}:limit"
 
 
 def shard_of(parts: Sequence[bytes], shards: int) -> int:

@@ -83,6 +83,7 @@ class ScriptRunner(Protocol):
 _OUTCOMES = tuple(RuleOutcome)
 _SEVERITY = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 LEASES = Script("leases")
+PROTECT = Script("protect")
 MAX_SCRIPTS = 1024  # scripts kept: one per route and one per rule (peek); a config has fewer
 
 
@@ -249,6 +250,7 @@ class Limiter:
         scripts.update((found.script.sha, found.script) for found in self.shapes.values())
         scripts.update((found.script.sha, found.script) for found, _ in self.generic.values())
         scripts[LEASES.sha] = LEASES
+        scripts[PROTECT.sha] = PROTECT
         return list(scripts.values())
 
     def _script(self, specs: tuple[RuleSpec, ...], peek: bool) -> DecisionScript:
@@ -289,6 +291,25 @@ class Limiter:
             raise BreakerOpen("Redis circuit breaker is open")
         reply = await self.runner.run(LEASES, keys, [b"release" if release else b"renew", *args])
         return int(reply)
+
+    async def protect(self, keys: Sequence[str], args: Sequence[bytes | int]) -> list[int]:
+        """A fleet-wide protect:'s slot taken, or its limit stepped: lua/protect.lua. Behind the keys'
+        breaker, whose count it adds to; raises a RedisUnavailable subclass."""
+        domain = self.runner.failure_domain(keys[0])
+        breaker = self._breaker_for(domain)
+        if not breaker.allow():
+            raise BreakerOpen("Redis circuit breaker is open")
+        try:
+            reply = await self.runner.run(PROTECT, keys, args)
+        except RedisUnavailable as exc:
+            if breaker.record_failure(exc):
+                log.warning("Redis unavailable%s (%s): breaker open; routes follow their failure_mode "
+                            "until a probe sees it answer (every %.1fs)", _where(domain), exc, breaker.open_for)
+                self._opened(breaker, domain, keys[0])
+            raise
+        breaker.record_success()
+        assert isinstance(reply, list)
+        return [int(value) for value in reply]
 
     async def ping(self) -> None:
         """Return when Redis answers PING; raise a RedisUnavailable subclass otherwise."""

@@ -121,6 +121,19 @@ PROTECT_LIMIT = Gauge(
     ["upstream", "route"],
     multiprocess_mode="livesum",
 )
+PROTECT_QUEUED = Gauge(
+    "gateway_protect_queued",
+    "protect: requests waiting for a place in the in-flight limit (a priority's queue:), by priority.",
+    ["upstream", "route", "priority"],
+    multiprocess_mode="livesum",
+)
+PROTECT_FLEET_LIMIT = Gauge(
+    "gateway_protect_fleet_limit",
+    "protect: scope fleet: the one limit on requests in flight to an upstream that every gateway sharing the "
+    "Redis holds together, as this gateway's workers last saw it.",
+    ["upstream", "route"],
+    multiprocess_mode="max",
+)
 PROTECT_ANSWER_TIME = Gauge(
     "gateway_protect_answer_time_seconds",
     "protect: the upstream's answer time at the configured percentile, as the limit's last window saw it "

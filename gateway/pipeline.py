@@ -122,7 +122,10 @@ async def _in_a_place(guard: Guard, runtime: Runtime, plan: RoutePlan, request: 
     except BadRequest as exc:  # a header a priority matches on came twice
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
-    slot = guard.take(priority)
+    try:
+        slot = await guard.take(priority, fail_open=route.failure_mode == "open")
+    except RedisUnavailable:  # fleet-wide, failure_mode closed
+        return _failed_closed(request, route)
     if slot is None:
         detail, extra = shed_answer_fields(guard, priority, route.name)
         status, headers, body = problem(503, detail, **extra)
@@ -152,9 +155,7 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
         decision, from_memory = await decide_rules(runtime, route.name, rules, keys, costs, args, token)
     except RedisUnavailable:
         if route.failure_mode == "closed":
-            status, headers, body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
-            headers.append((b"retry-after", b"1"))
-            return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
+            return _failed_closed(request, route)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
     if from_memory:
         return _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
@@ -169,6 +170,12 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
     lease = _lease(plan, keys, costs, args, token) if token else None
     return Admit(request, plan, RequestOutcome.ADMITTED, headers, decision.delay_ms, view.body_prefix, more_body,
                  DecidedBy.REDIS, settlement, lease)
+
+
+def _failed_closed(request: Request, route: Route) -> Answer:
+    status, headers, body = problem(503, "rate limiting is unavailable; try again shortly", route=route.name)
+    headers.append((b"retry-after", b"1"))
+    return _answer((status, headers, body), RequestOutcome.FAILED_CLOSED, request, route=route.name)
 
 
 def _lease(plan: RoutePlan, keys: list[str], costs: list[int | None], args: tuple[RuleSpec, ...],

@@ -17,10 +17,21 @@ The unloaded answer time is the lowest window low (10th percentile) seen. Every 
 one window runs at half the limit, the upstream's queue drains, and its low replaces the old one;
 so too as soon as SHRINKING_WINDOWS windows in a row were too slow while the limit fell: no queue
 explains that, the upstream is slower for good, and it is measured anew.
+
+`scope: fleet`: the limit and the requests in flight are one for every gateway sharing the Redis
+(`Fleet`, lua/protect.lua). A slot is a lease in a sorted set, taken in one call (refused there at
+the priority's share of the fleet's limit) and given back and renewed as a concurrency rule's are
+(gateway/leases.py), so a gateway that dies gives its slots back when their lease runs out. Each
+worker's controller still measures the answers it sees, from the fleet's limit and in-flight count;
+when its window closes it proposes its next limit, which the fleet takes unless another gateway
+stepped it less than a window ago: the fleet steps as one controller would. Redis unavailable: the
+route's failure_mode; open falls back to the worker's own count against the last limit it saw.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import math
 import random
@@ -29,7 +40,11 @@ from collections.abc import Callable, Iterable, Mapping
 
 from gateway import metrics
 from gateway.config import Priority, Protect, Route
+from gateway.errors import RedisUnavailable
 from gateway.identity import RequestView
+from gateway.keys import protect_keys
+from gateway.leases import Lease, Leases, new_token
+from gateway.limiter import Limiter
 
 log = logging.getLogger("gateway.protect")
 
@@ -89,11 +104,11 @@ class Controller:
         self.drops += 1
         return self._maybe_update(now)
 
-    def _window(self) -> float:
+    def window(self) -> float:
         return max(WINDOW_MIN, WINDOW_ANSWER_TIMES * (self.unloaded or 0.0))
 
     def _maybe_update(self, now: float) -> bool:
-        if now - self.started < self._window() or len(self.samples) + self.drops < WINDOW_SAMPLES:
+        if now - self.started < self.window() or len(self.samples) + self.drops < WINDOW_SAMPLES:
             return False
         if self.samples:
             self._update(now)
@@ -128,22 +143,74 @@ class Controller:
         return max(unloaded * BUFFER, min(target, unloaded * TOLERANCE))
 
 
+class Fleet:
+    """The Redis side of a fleet-wide limit (lua/protect.lua): its keys, and the leases of its slots."""
+
+    def __init__(self, limiter: Limiter, prefix: str, upstream: str, route: str, lease: float) -> None:
+        self.limiter = limiter
+        self.slots, self.state = protect_keys(prefix, upstream, route)
+        self.route = route
+        self.lease_us = max(1000, int(lease * 1_000_000))
+        self.leases = Leases(limiter)
+        self.pending: set[asyncio.Task[None]] = set()
+        self.down = False  # the last call failed: this worker counts its own requests meanwhile
+
+    async def take(self, share: float, limit: float, min_limit: int) -> tuple[Lease | None, int, float, float]:
+        """A slot (its lease; None: refused), the fleet's requests in flight, its limit and the limit in force."""
+        token = new_token()
+        ok, count, limit_k, in_force_k = await self.limiter.protect(
+            [self.slots, self.state],
+            [b"take", token, round(share * 1000), self.lease_us, round(limit * 1000), min_limit])
+        lease = Lease(token, self.route, ["protect"], [self.slots], [1], [self.lease_us]) if ok else None
+        if lease is not None:
+            self.leases.hold(lease)
+        return lease, count, limit_k / 1000, in_force_k / 1000
+
+    def step(self, controller: Controller, window: float, probe: bool) -> None:
+        """Propose the controller's new limit to the fleet; the limit the fleet holds comes back to it."""
+        task = asyncio.get_running_loop().create_task(self._step(controller, window, probe))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _step(self, controller: Controller, window: float, probe: bool) -> None:
+        try:
+            _, limit_k = await self.limiter.protect(
+                [self.slots, self.state],
+                [b"step", round(controller.limit * 1000), int(window * 1_000_000), int(probe)])
+        except RedisUnavailable:
+            return  # the next window proposes again
+        controller.limit = limit_k / 1000
+
+    async def drain(self) -> None:
+        await self.leases.drain()
+        if self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+
 class Guard:
-    """One protected upstream (or route) in this worker: its controller, and the requests in flight."""
+    """One protected upstream (or route) in this worker: its controller, and the requests in flight
+    (with `fleet`: the fleet's, counted in Redis)."""
 
     def __init__(self, protect: Protect, upstream: str, route: str = "*",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fleet: Fleet | None = None) -> None:
         self.protect = protect
         self.upstream = upstream
         self.route = route  # "*": every route to the upstream without a protect: of its own
         self.clock = clock
+        self.fleet = fleet
         self.controller = Controller(protect, clock())
-        self.in_flight = 0
+        self.in_flight = 0  # this worker's (fleet-wide: the fleet's is counted in Redis)
         self.shedding = False
         self.shed_since_start = 0
-        self._limit_gauge = metrics.PROTECT_LIMIT.labels(upstream, self.route)
+        self.waiting: dict[str, collections.deque[asyncio.Future[Slot]]] = {}  # per priority: its queue
+        self.queued = 0
+        for priority in protect.priorities:
+            if priority.queue_size:  # shown at 0 from the start
+                metrics.PROTECT_QUEUED.labels(upstream, self.route, priority.name)
+        self._limit_gauge = (metrics.PROTECT_FLEET_LIMIT if fleet else metrics.PROTECT_LIMIT).labels(upstream,
+                                                                                                    self.route)
         self._seen_gauge = metrics.PROTECT_ANSWER_TIME.labels(upstream, self.route)
-        self._limit_gauge.set(self.controller.limit)
+        self._show_limit()
 
     def priority(self, view: RequestView) -> Priority:
         """The first priority whose match the request meets; the last takes the rest."""
@@ -153,29 +220,125 @@ class Guard:
                 return priority
         return self.protect.priorities[-1]
 
-    def take(self, priority: Priority) -> Slot | None:
-        """A slot for a request of `priority`, or None: refused, it is to be answered 503."""
-        allowed = self.controller.in_force * priority.share
-        if self.in_flight and self.in_flight >= allowed:
-            self._shed(priority)
+    async def take(self, priority: Priority, fail_open: bool = True) -> Slot | None:
+        """A slot for a request of `priority`, or None: refused, it is to be answered 503. Fleet-wide
+        with Redis unavailable: RedisUnavailable unless `fail_open`, which counts this worker's own."""
+        if self.fleet is None:
+            if priority.queue_size and not self._free_for(priority):
+                return await self._wait(priority)
+            return self.take_here(priority)
+        try:
+            lease, count, limit, in_force = await self.fleet.take(priority.share, self.controller.limit,
+                                                                   self.protect.min_limit)
+        except RedisUnavailable as exc:
+            self._fleet_down(exc)
+            if not fail_open:
+                raise
+            return self.take_here(priority)
+        if self.fleet.down:
+            self.fleet.down = False
+            log.warning("upstream '%s' (routes %s): Redis answers again; the fleet's limit applies",
+                        self.upstream, self.route)
+        if limit != self.controller.limit:
+            self.controller.limit = limit
+            self._show_limit()
+        self.controller.busiest = max(self.controller.busiest, count)
+        if lease is None:
+            self._shed(priority, in_force, count)
             return None
+        self.in_flight += 1
+        return Slot(self, priority, lease)
+
+    def take_here(self, priority: Priority) -> Slot | None:
+        """A slot counted in this worker alone."""
+        if not self._free_for(priority):
+            self._shed(priority, self.controller.in_force, self.in_flight)
+            return None
+        return self._grant(priority)
+
+    def _fits(self, priority: Priority) -> bool:
+        return not self.in_flight or self.in_flight < self.controller.in_force * priority.share
+
+    def _free_for(self, priority: Priority) -> bool:
+        """A place fits the priority's share, and no request as important or more waits for one."""
+        if not self._fits(priority):
+            return False
+        if self.queued:
+            for waiting in self.protect.priorities:
+                if self.waiting.get(waiting.name):
+                    return False
+                if waiting.name == priority.name:
+                    break
+        return True
+
+    def _grant(self, priority: Priority) -> Slot:
         self.in_flight += 1
         self.controller.busiest = max(self.controller.busiest, self.in_flight)
         return Slot(self, priority)
 
-    def _shed(self, priority: Priority) -> None:
+    async def _wait(self, priority: Priority) -> Slot | None:
+        """Wait in the priority's queue for a place, until its timeout: the slot, or None (refused)."""
+        queue = self.waiting.setdefault(priority.name, collections.deque())
+        if len(queue) >= priority.queue_size:
+            self._shed(priority, self.controller.in_force, self.in_flight)
+            return None
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        queue.append(future)
+        self.queued += 1
+        gauge = metrics.PROTECT_QUEUED.labels(self.upstream, self.route, priority.name)
+        gauge.inc()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), priority.queue_timeout)
+        except TimeoutError:
+            if future.done():  # given a place as its time ran out
+                return future.result()
+            self._shed(priority, self.controller.in_force, self.in_flight)
+            return None
+        except asyncio.CancelledError:  # the client left while it waited
+            if future.done() and not future.cancelled():
+                future.result().release()
+            raise
+        finally:
+            if not future.done():
+                future.cancel()
+            if future in queue:
+                queue.remove(future)
+            self.queued -= 1
+            gauge.dec()
+
+    def _wake(self) -> None:
+        """Places free: to the waiters, the most important priority first, each queue in arrival order."""
+        for priority in self.protect.priorities:
+            queue = self.waiting.get(priority.name)
+            while queue and self._fits(priority):
+                future = queue.popleft()
+                if not future.done():
+                    future.set_result(self._grant(priority))
+
+    def _fleet_down(self, exc: RedisUnavailable) -> None:
+        assert self.fleet is not None
+        if not self.fleet.down:
+            self.fleet.down = True
+            log.warning("upstream '%s' (routes %s): Redis unavailable (%s): the fleet's limit is out of reach; "
+                        "routes follow their failure_mode (open: this worker's own count, limit %d)",
+                        self.upstream, self.route, exc.kind, self.controller.in_force)
+
+    def _shed(self, priority: Priority, limit: float, in_flight: int) -> None:
         self.controller.refused += 1
         self.shed_since_start += 1
         metrics.protect_shed(self.upstream, self.route, priority.name).inc()
         if not self.shedding:
             self.shedding = True
-            log.warning("upstream '%s' (routes %s): shedding starts with priority '%s'; limit %d, %d in "
+            log.warning("upstream '%s' (routes %s): shedding starts with priority '%s'; limit %d%s, %d in "
                         "flight, answer time p%d %s (unloaded %s)", self.upstream, self.route, priority.name,
-                        self.controller.in_force, self.in_flight, self.protect.percentile,
+                        limit, " (the fleet's)" if self.fleet else "", in_flight, self.protect.percentile,
                         _ms(self.controller.seen), _ms(self.controller.unloaded))
 
-    def _release(self, seconds: float | None, dropped: bool) -> None:
+    def _release(self, seconds: float | None, dropped: bool, lease: Lease | None) -> None:
         self.in_flight -= 1
+        if lease is not None:
+            assert self.fleet is not None
+            self.fleet.leases.release(lease)
         now = self.clock()
         refused = self.controller.refused
         if dropped:
@@ -186,7 +349,9 @@ class Guard:
             return
         if not closed:
             return
-        self._limit_gauge.set(self.controller.limit)
+        if self.fleet is not None and not self.fleet.down:
+            self.fleet.step(self.controller, self.controller.window(), self.controller.probing)
+        self._show_limit()
         if self.controller.seen is not None:
             self._seen_gauge.set(self.controller.seen)
         if self.shedding and refused == 0:
@@ -195,17 +360,26 @@ class Guard:
                         self.upstream, self.route, self.shed_since_start, self.controller.limit)
             self.shed_since_start = 0
 
+    def _show_limit(self) -> None:
+        self._limit_gauge.set(self.controller.limit)
+
+    async def drain(self) -> None:
+        """The last slots' give-backs and the last proposal reach Redis (at shutdown)."""
+        if self.fleet is not None:
+            await self.fleet.drain()
+
 
 class Slot:
     """One request's place in flight. `answered` or `timed_out` says how its exchange went; `release`
     gives the place back once, however the request ended (a place given back without either, as for a
     request its rules refused, teaches the controller nothing)."""
 
-    __slots__ = ("dropped", "guard", "priority", "released", "seconds")
+    __slots__ = ("dropped", "guard", "lease", "priority", "released", "seconds")
 
-    def __init__(self, guard: Guard, priority: Priority) -> None:
+    def __init__(self, guard: Guard, priority: Priority, lease: Lease | None = None) -> None:
         self.guard = guard
         self.priority = priority
+        self.lease = lease  # fleet-wide: the slot in Redis
         self.seconds: float | None = None
         self.dropped = False
         self.released = False
@@ -222,7 +396,9 @@ class Slot:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.guard._release(self.seconds, self.dropped)
+            self.guard._release(self.seconds, self.dropped, self.lease)
+            if self.guard.queued:
+                self.guard._wake()
 
 
 def shed_answer_fields(guard: Guard, priority: Priority, route: str) -> tuple[str, dict[str, object]]:
@@ -232,11 +408,14 @@ def shed_answer_fields(guard: Guard, priority: Priority, route: str) -> tuple[st
     return detail, {"route": route, "priority": priority.name, "retry_after_ms": RETRY_AFTER * 1000}
 
 
-def guards_for(routes: Iterable[Route], before: Mapping[str, Guard]) -> dict[str, Guard]:
+def guards_for(routes: Iterable[Route], before: Mapping[str, Guard], limiter: Limiter | None = None,
+               prefix: str = "") -> dict[str, Guard]:
     """Per route name, the guard its requests take a slot from: its own, or its upstream's (shared).
-    A guard of `before` (the configuration replaced) for the same upstream, route and `protect:` is
-    kept: its limit, what it has measured, and the requests still in flight through it."""
-    kept = {(g.upstream, g.route, g.protect): g for g in before.values()}
+    A guard of `before` (the configuration replaced) for the same upstream, route and `protect:` (and,
+    fleet-wide, the same Redis) is kept: its limit, what it has measured, and the requests still in
+    flight through it. Without `limiter`, a fleet-wide protect: counts per worker."""
+    kept = {(g.upstream, g.route, g.protect): g for g in before.values()
+            if g.fleet is None or g.fleet.limiter is limiter}
     out: dict[str, Guard] = {}
     for route in routes:
         upstream = route.upstream
@@ -247,7 +426,10 @@ def guards_for(routes: Iterable[Route], before: Mapping[str, Guard]) -> dict[str
         key = (upstream.name, name, protect)
         guard = kept.get(key)
         if guard is None:
-            guard = kept[key] = Guard(protect, upstream.name, name)
+            fleet = None
+            if protect.scope == "fleet" and limiter is not None:
+                fleet = Fleet(limiter, prefix, upstream.name, name, protect.lease)
+            guard = kept[key] = Guard(protect, upstream.name, name, fleet=fleet)
         out[route.name] = guard
     return out
 

@@ -56,16 +56,20 @@ class Runtime:
             self.drained.set()
 
     async def close(self, successor: Runtime | None = None) -> None:
-        """The end of a runtime, in the one drain order: the last answers' charges and refunds and
-        the last requests' slots reach Redis, then the upstream pools and the Redis connections
-        close. With a `successor` (a reload's): what it took over stays open, its upstream pools and,
-        on the same Redis, the limiter and the charges still on their way through it."""
+        """The end of a runtime, in the one drain order: the last answers' charges and refunds, the
+        last requests' slots and protected places reach Redis, then the upstream pools and the Redis
+        connections close. With a `successor` (a reload's): what it took over stays open, its
+        upstream pools and protect limits and, on the same Redis, the limiter and the charges still
+        on their way through it."""
         same_redis = successor is not None and successor.limiter is self.limiter
         if not same_redis:
             if self.settler is not None:
                 await self.settler.drain()
             if self.leases is not None:
                 await self.leases.drain()
+        kept = set(successor.guards.values()) if successor is not None else set()
+        for guard in set(self.guards.values()) - kept:
+            await guard.drain()
         for name, client in self.clients.items():
             if successor is None or successor.clients.get(name) is not client:
                 await client.close()
@@ -112,7 +116,8 @@ def build_runtime(
         plans[route.name] = replace(plan, repeatable=False) if matches_jwt else plan
     for domain in config.rls:  # routes of their own, which no HTTP request matches
         plans[domain.route.name] = route_plan(domain.route, redis.key_prefix, None)
-    guards = guards_for(config.routes, guards or {})  # a reload keeps a limit whose protect: is unchanged
+    # a reload keeps a limit whose protect: is unchanged
+    guards = guards_for(config.routes, guards or {}, limiter, redis.key_prefix)
     uses_jwt = any(s.kind == "jwt" for r in config.routes for rule in r.limits for s in rule.by) or any(
         r.when.jwt for r in config.routes) or any(p.when.jwt for g in guards.values() for p in g.protect.priorities)
     refusals = LocalRefusals(config.local_refusals_max, config.local_refusals_hold)

@@ -1040,6 +1040,14 @@ routes:
     match: {{path: /slow}}
     upstream: up
     protect: {{min_limit: 1, max_limit: 1}}
+  - name: fleet
+    match: {{path: /echo/fleet}}
+    upstream: up
+    protect: {{scope: fleet}}
+  - name: queued
+    match: {{path: /echo/queued}}
+    upstream: up
+    protect: {{priorities: [{{name: all, queue: {{size: 1}}}}]}}
 """
 
 

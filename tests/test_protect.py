@@ -264,6 +264,9 @@ def test_a_reload_keeps_the_places_in_flight_of_an_unchanged_protect(
     ("{min_limit: 10, max_limit: 5}", "must not exceed max_limit"),
     ("{priorities: []}", "at least one priority"),
     ("{priorities: [{name: a, match: {plan: pro}}, {name: b}]}", "matching on a plan needs a top-level keys:"),
+    ("{scope: everywhere}", "is not one of worker, fleet"),
+    ("{scope: fleet, priorities: [{name: a}, {name: b, queue: {size: 5}}]}", "a queue needs scope: worker"),
+    ("{priorities: [{name: a, queue: {timeout: 1s}}]}", "size"),
 ])
 def test_protect_settings_that_cannot_work_are_refused_with_their_line(protect: str, message: str) -> None:
     text = f"""
@@ -299,3 +302,67 @@ routes:
     config = parse_config(text.replace("prp", "free"), "routes.yaml", {})
     protect = config.upstreams["up"].protect
     assert protect is not None and protect.priorities[0].when.plans == {"pro", "free"}
+
+
+QUEUED = """
+version: 1
+redis: {{timeout: 500ms, key_prefix: {prefix}}}
+upstreams:
+  up:
+    url: "{upstream}"
+    timeout: 90s
+    protect:
+      min_limit: 2
+      max_limit: 2
+      priorities:
+        - {{name: critical, match: {{headers: {{x-priority: critical}}}}}}
+        - {{name: normal, match: {{headers: {{x-priority: normal}}}}, queue: {{size: 5, timeout: 100ms}}}}
+        - {{name: sheddable, queue: {{size: 1, timeout: 60s}}}}
+routes:
+  - {{name: held, match: {{path: /inflight}}, upstream: up}}
+"""
+
+
+def test_a_priority_with_a_queue_waits_for_a_place_until_its_deadline(
+        tmp_path: Path, redis_proc: RedisProcess, upstream_own: Upstream) -> None:
+    proc = gateway(tmp_path, redis_proc, QUEUED, upstream=upstream_own.url)
+    url = proc.url + "/inflight"
+    held: list[socket.socket] = []
+
+    def send(priority: str, delay: int) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", proc.port))
+        sock.sendall(b"GET /inflight?delay=%d HTTP/1.1\r\nHost: a\r\nX-Priority: %s\r\n\r\n" % (delay,
+                                                                                               priority.encode()))
+        held.append(sock)
+        return sock
+
+    def queued(priority: str) -> float:
+        text = httpx.get(proc.admin_url + "/metrics").text
+        found = re.search(rf'gateway_protect_queued\{{priority="{priority}",route="\*",upstream="up"\}} ([0-9.]+)',
+                          text)
+        return float(found.group(1)) if found else 0.0
+
+    try:  # a limit of 2: sheddable requests fill 1 place (50%), normal ones 1.5, critical ones both
+        send("sheddable", 60)
+        wait_until(lambda: httpx.get(upstream_own.url + "/inflight-max").json()["now"] == 1)
+        waiting = send("sheddable", 0)  # no place: it waits in its queue (of 1) ...
+        wait_until(lambda: queued("sheddable") == 1)
+        full = httpx.get(url, params={"delay": 0})  # ... which is full: the next one is refused at once
+        assert full.status_code == 503 and full.headers["retry-after"] == "1", full.text
+        # a critical request still finds the place the waiting sheddable one may not take
+        assert httpx.get(url, params={"delay": 0}, headers=CRITICAL).status_code == 200
+        send("critical", 60)
+        wait_until(lambda: httpx.get(upstream_own.url + "/inflight-max").json()["now"] == 2)
+        # the limit full: a normal request waits its 100 ms and is refused
+        late = httpx.get(url, params={"delay": 0}, headers={"x-priority": "normal"})
+        assert late.status_code == 503 and late.json()["priority"] == "normal", late.text
+        assert queued("sheddable") == 1
+        for sock in (held[0], held[2]):  # the first sheddable and the critical request's clients leave: the
+            sock.close()                 # sheddable share is free again, and goes to the one waiting
+        waiting.settimeout(within(20.0))
+        assert waiting.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert queued("sheddable") == 0
+    finally:
+        for sock in held:
+            sock.close()
+        proc.stop()

@@ -190,6 +190,7 @@ ENUMS = [
     (("routes", 0, "match", "path_case"), Place.MATCH),
     (("routes", 0, "respond"), Place.ROUTE),
     (("keys", "unknown"), Place.KEYS),
+    (("upstreams", "up", "protect", "scope"), Place.PROTECT),
 ]
 
 

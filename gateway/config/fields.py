@@ -62,6 +62,7 @@ class Place(StrEnum):
     LATENCY = "latency"
     PRIORITY = "priority"
     PRIORITY_MATCH = "priority_match"
+    QUEUE = "queue"
 
 
 PLACES: dict[Place, str] = {
@@ -85,12 +86,16 @@ PLACES: dict[Place, str] = {
     Place.RLS_DESCRIPTOR: "`rls.domains.DOMAIN.descriptors: [...]` one descriptor entry; the most specific "
                           "match of a request's descriptor wins, as in envoyproxy/ratelimit.",
     Place.PROTECT: "`upstreams.NAME.protect:` or `routes[].protect:` an adaptive limit on the requests in flight "
-                   "to the upstream, per worker, which grows while its answer time stays near the unloaded one "
-                   "and shrinks when it rises; at the limit the lowest priority is refused first (503, "
-                   "Retry-After). A route's replaces its upstream's for its requests (docs/algorithms.md).",
+                   "to the upstream, per worker or (scope: fleet) one for every gateway, which grows while its "
+                   "answer time stays near the unloaded one and shrinks when it rises; at the limit the lowest "
+                   "priority is refused first (503, Retry-After). A route's replaces its upstream's for its "
+                   "requests (docs/algorithms.md).",
     Place.LATENCY: "`protect.latency:` the upstream's own answer time the limit keeps it to.",
     Place.PRIORITY: "`protect.priorities: [...]` one class of requests; the first whose match holds takes a "
                     "request, the last takes every request left. Listed from the most important to the least.",
+    Place.QUEUE: "`protect.priorities[].queue:` requests of the priority that find no place wait for one, in "
+                 "arrival order, instead of being refused at once; a place freed goes to the most important "
+                 "priority waiting. Per worker only (scope: worker).",
     Place.PRIORITY_MATCH: "`protect.priorities[].match:` which requests the priority takes: the conditions of a "
                           "route's match (every one given must hold).",
     Place.RULE: "`routes[].limits: [...]` one rule; every rule must admit a request, and a refused request "
@@ -121,6 +126,7 @@ ALGORITHMS = tuple(Algorithm)
 
 HEADER_MODES = ("draft", "legacy", "both", "none")
 FAILURE_MODES = ("open", "closed")
+PROTECT_SCOPES = ("worker", "fleet")
 ON_MISSING = ("reject", "skip", "ip")
 REDIS_MODES = ("standalone", "cluster", "sentinel")
 CHECK_CONVENTIONS = ("auto", "forwarded", "original", "request_line")
@@ -299,6 +305,12 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.PROTECT, "min_limit", Integer(1, 100_000), "The in-flight limit never goes below this.", default=2),
     _f(Place.PROTECT, "max_limit", Integer(1, 100_000), "The in-flight limit never goes above this.",
        default=1000),
+    _f(Place.PROTECT, "scope", Choice(PROTECT_SCOPES), "worker: each worker of each gateway holds a limit of its "
+       "own; fleet: every gateway sharing the Redis holds one limit together, its slots taken and given back "
+       "in Redis (docs/algorithms.md). Redis unavailable: failure_mode open falls back to the worker's own "
+       "limit, closed answers 503 + Retry-After.", default="worker"),
+    _f(Place.PROTECT, "lease", Duration(window=True), "scope fleet: how long a slot outlives a gateway that died "
+       "holding it (a request in flight renews its lease while it lasts).", default=60.0, shown="60s"),
     _f(Place.LATENCY, "target", Duration(), "The answer time (at `percentile`) the limit keeps the upstream "
        "under: it shrinks while the answers are slower. Absent: twice the unloaded answer time; the limit "
        "aims at no less than 1.25 times the unloaded time whatever the target.", default=None,
@@ -308,6 +320,12 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.PRIORITY, "name", Name(), "The priority's name, in metrics, logs and refusals.", required=""),
     _f(Place.PRIORITY, "match", Section(Place.PRIORITY_MATCH), "The requests it takes; the last priority "
        "has none: it takes every request left."),
+    _f(Place.PRIORITY, "queue", Section(Place.QUEUE), "Wait for a place (a bounded queue with a deadline) "
+       "instead of a refusal at once.", default=None, shown="none: refused at once"),
+    _f(Place.QUEUE, "size", Integer(1, 100_000), "Requests that may wait at once; one more is refused (503) at "
+       "once.", required=""),
+    _f(Place.QUEUE, "timeout", Duration(), "The longest a request waits; past it, refused (503, "
+       "Retry-After).", default=1.0),
     _f(Place.PRIORITY, "share", Integer(1, 100), "Percent of the in-flight limit its requests may fill; past it "
        "they are refused. Default: 100 for the first, 50 for the last, evenly between.",
        shown="100 first .. 50 last"),

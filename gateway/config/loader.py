@@ -806,6 +806,11 @@ def _protect(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> Protect
         r.problem(found.nodes["min_limit"], f"{key}.min_limit", "must not exceed max_limit")
     priorities = _priorities(found.nodes["priorities"], f"{key}.priorities", r, jwt) if "priorities" in found else (
         Priority("default", 1.0),)
+    if values.get("scope") == "fleet":
+        for i, priority in enumerate(priorities):
+            if priority.queue_size:
+                r.problem(found.nodes["scope"], f"{key}.priorities[{i}].queue", "a queue needs scope: worker (a "
+                          "fleet's places are freed in other gateways, which cannot wake this one's waiters)")
     if found.bad or not priorities:
         return None
     return Protect(priorities, **values)
@@ -841,8 +846,20 @@ def _priorities(node: yaml.Node, key: str, r: _Reader, jwt: JwtSettings) -> tupl
             r.problem(found.nodes.get("share", item), f"{where}.share", f"a priority may fill no more of the "
                       f"limit than the one before it ('{out[-1].name}', {round(out[-1].share * 100)}%): they "
                       "are listed from the most important to the least")
-        out.append(Priority(name, share, when, methods))
+        queue = _queue(found, where, r)
+        out.append(Priority(name, share, when, methods, *queue))
     return tuple(out)
+
+
+def _queue(priority: Found, key: str, r: _Reader) -> tuple[int, float]:
+    """A priority's queue: its size and timeout; (0, 0.0): none."""
+    if "queue" not in priority:
+        return 0, 0.0
+    found = r.section(priority.nodes["queue"], f"{key}.queue", Place.QUEUE)
+    if found is None:
+        return 0, 0.0
+    values = r.read(found, f"{key}.queue", Place.QUEUE)
+    return values.get("size", 0), values.get("timeout", 1.0)
 
 
 def _check_priority_plans(found: Found, key: str, r: _Reader, plans: frozenset[str]) -> None:

@@ -164,6 +164,8 @@ class Priority:
     share: float                      # of the in-flight limit, 0 < share <= 1
     when: Conditions = Conditions()
     methods: frozenset[str] | None = None
+    queue_size: int = 0               # requests that may wait for a place; 0: refused at once
+    queue_timeout: float = 0.0        # seconds one may wait
 
     def __post_init__(self) -> None:
         assert 0 < self.share <= 1, self.share
@@ -178,6 +180,8 @@ class Protect:
     percentile: int = default(P.LATENCY, "percentile")
     min_limit: int = default(P.PROTECT, "min_limit")
     max_limit: int = default(P.PROTECT, "max_limit")
+    scope: str = default(P.PROTECT, "scope")          # worker: each worker its own limit; fleet: one in Redis
+    lease: float = default(P.PROTECT, "lease")        # seconds (fleet): how long a dead gateway's slots outlive it
 
 
 @dataclass(frozen=True)
