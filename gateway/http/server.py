@@ -37,27 +37,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
-import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httptools
 import uvicorn
 
-from gateway.http.exchange import ASGI, UPGRADE, Exchange, Headers, head_lines, problem_bytes
+from gateway.http.early import STEP_ASIDE, EarlyAnswer, Turns
+from gateway.http.exchange import ASGI, UPGRADE, Exchange, head_lines, problem_bytes
 from gateway.http.flow_control import READ_HIGH_WATER, FlowControl
 from gateway.http.upgraded import UpgradedStream
 from gateway.settings import DEFAULTS
 
-STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_URL_BYTES = 8 * 1024
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
-
-
-EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
 
 
 @dataclass(frozen=True)
@@ -84,48 +79,6 @@ class ServerConfig(uvicorn.Config):
 
 
 log = logging.getLogger("gateway.http")
-
-class Turns:
-    """Counts the turns of one event loop while connections sit some out (STEP_ASIDE): one
-    callback a turn whatever the number of connections waiting, and no system call."""
-
-    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> Turns:
-        turns = cls._of.get(loop)
-        if turns is None:
-            turns = cls._of[loop] = cls(loop)
-        return turns
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.turn = 0
-        self.waiting: deque[tuple[int, HttpProtocol]] = deque()  # in the order they are due
-        self.ticking = False
-
-    def wait(self, connection: HttpProtocol, turns: int) -> None:
-        """Call `connection.step_back()` once `turns` turns of the loop have passed."""
-        self.waiting.append((self.turn + turns, connection))
-        if not self.ticking:
-            self.ticking = True
-            self.loop.call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self.turn += 1
-        waiting = self.waiting
-        while waiting and waiting[0][0] <= self.turn:
-            connection = waiting.popleft()[1]
-            try:
-                connection.step_back()
-            except Exception:  # one connection's failure never strands the others
-                log.exception("resuming a connection failed; it is closed")
-                connection.transport.close()
-        if waiting:
-            self.loop.call_soon(self._tick)  # runs in the next turn: callbacks added now wait for it
-        else:
-            self.ticking = False
-
 
 class HttpProtocol(asyncio.Protocol):
     """One client connection. Constructed by uvicorn.Server like its own protocol classes."""
