@@ -30,6 +30,12 @@ Its settings and the early-answer hook come through uvicorn's config (`ServerCon
 uvicorn hands to every connection's protocol. One timer per connection covers the head and
 keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
 whatever is left, so a request arms none.
+
+This module is the connection (`HttpProtocol`: parsing, bounds, timeouts, refusals, the order of
+pipelined requests); beside it, as uvicorn splits its own protocol: gateway/http/exchange.py, one
+request and its response (ASGI `receive` and `send`, the response head); gateway/http/flow_control.py,
+reading and writing paused and the send timeout; gateway/http/early.py, the early answer's hook and
+the turns a connection answered early sits out.
 """
 
 from __future__ import annotations
