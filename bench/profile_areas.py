@@ -30,7 +30,8 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("forwarding (gateway/proxy.py)", ("gateway/proxy.py",)),
     ("Starlette (application, middleware, router and its routes)", ("starlette/",)),
     ("server protocol (gateway/http/server.py on httptools; uvicorn)", (
-        "uvicorn/", "httptools/", "gateway/http/server.py",
+        "uvicorn/", "httptools/", "gateway/http/server.py", "gateway/http/exchange.py",
+        "gateway/http/flow_control.py", "gateway/http/early.py",
     )),
     ("request checks (gateway/http/request.py)", ("gateway/http/request.py",)),
     ("gateway app code (match, identity, pipeline, limiter, responses)", ("gateway/",)),

@@ -30,54 +30,35 @@ Its settings and the early-answer hook come through uvicorn's config (`ServerCon
 uvicorn hands to every connection's protocol. One timer per connection covers the head and
 keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
 whatever is left, so a request arms none.
+
+This module is the connection (`HttpProtocol`: parsing, bounds, timeouts, refusals, the order of
+pipelined requests); beside it, as uvicorn splits its own protocol: gateway/http/exchange.py, one
+request and its response (ASGI `receive` and `send`, the response head); gateway/http/flow_control.py,
+reading and writing paused and the send timeout; gateway/http/early.py, the early answer's hook and
+the turns a connection answered early sits out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import logging
-import socket
-import struct
-import termios
 import urllib.parse
-import weakref
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 import httptools
 import uvicorn
 
-from gateway.http.problem import problem
+from gateway.http.early import STEP_ASIDE, EarlyAnswer, Turns
+from gateway.http.exchange import ASGI, UPGRADE, Exchange, head_lines, problem_bytes
+from gateway.http.flow_control import READ_HIGH_WATER, FlowControl
 from gateway.http.upgraded import UpgradedStream
 from gateway.settings import DEFAULTS
 
-STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 MAX_URL_BYTES = 8 * 1024
-READ_HIGH_WATER = 64 * 1024  # request body bytes buffered before the client socket is paused
 MAX_PIPELINED = 32  # requests queued behind one in progress; the next is a 503, the connection then ends
-SEND_CHECKS = 8  # a waiting client's progress is looked at this often per send_timeout (at most 1 s apart)
 MAX_HEADER_FIELDS = 100  # fields in one request head (431 past it), as Kestrel's and Envoy's defaults
-UPGRADE = "gateway.upgrade"  # the ASGI extension that hands the client's connection over after a 101
-
-
-def unsent_bytes(transport: asyncio.WriteTransport) -> int:
-    """Bytes written to a connection that its peer has not taken yet: the transport's buffer and
-    the kernel's send queue (SIOCOUTQ, Linux's TIOCOUTQ on a socket)."""
-    queued = transport.get_write_buffer_size()
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):  # closed meanwhile
-            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-    return queued
-
-
-Headers = list[tuple[bytes, bytes]]
-EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
 
 
 @dataclass(frozen=True)
@@ -105,232 +86,6 @@ class ServerConfig(uvicorn.Config):
 
 log = logging.getLogger("gateway.http")
 
-ASGI = {"version": "3.0", "spec_version": "2.3"}
-_STATUS_LINES: dict[int, bytes] = {}
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = ""
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, phrase.encode())
-    return line
-
-
-def head_lines(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A response's status line and header lines, without the empty line that ends the head."""
-    parts = [_status_line(status)]
-    for name, value in headers:
-        parts += (name, b": ", value, b"\r\n")
-    return b"".join(parts)
-
-
-def _problem_bytes(status: int, detail: str) -> bytes:
-    """A problem answer after which the connection ends."""
-    status, headers, body = problem(status, detail)
-    return head_lines(status, [*headers, (b"connection", b"close")]) + b"\r\n" + body
-
-
-class Exchange:
-    """One request and its response: the ASGI `receive` and `send` of one app call."""
-
-    __slots__ = (
-        "bodiless", "body", "chunked", "conn", "disconnected", "drained", "entered", "expect_100", "gone", "keep_alive",
-        "left", "more_body", "pending_head", "receiving", "refused", "response_complete", "response_started",
-        "scope", "task",
-    )
-
-    def __init__(self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_100: bool) -> None:
-        self.conn = conn
-        self.scope = scope
-        self.keep_alive = keep_alive
-        self.expect_100 = expect_100
-        self.body = b""
-        self.more_body = True
-        self.drained = False  # the body's last message went to the app: what it receives next is the end
-        self.receiving: asyncio.Future[None] | None = None
-        self.disconnected = False
-        self.response_started = False
-        self.response_complete = False
-        self.pending_head = b""
-        self.chunked = False
-        self.bodiless = False
-        self.left = -1  # bytes of body still owed under Content-Length (-1: not fixed)
-        self.entered = False  # the app has been called: the request may have been counted and forwarded
-        self.refused = False  # the parser refused it before the app was entered: the app never will be
-        self.task: asyncio.Task[None] | None = None  # the app's call, once started
-        self.gone = False  # the client closed the connection mid-request: its call was cancelled
-
-    def wake(self) -> None:
-        waiter = self.receiving
-        if waiter is not None:
-            self.receiving = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def receive(self) -> dict[str, Any]:
-        conn = self.conn
-        if self.expect_100 and not self.disconnected and not self.response_started:
-            self.expect_100 = False
-            conn.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not self.body and self.more_body and not self.disconnected and not self.response_complete:
-            conn.resume_reading()
-            self.receiving = conn.loop.create_future()
-            await self.receiving
-        while self.drained and not self.disconnected and not self.response_complete:
-            # the whole body was received: the next message is the client's going (ASGI), however
-            # long that takes (Starlette's streaming responses listen for it while they send)
-            self.receiving = conn.loop.create_future()
-            await self.receiving
-        if self.disconnected or self.response_complete:
-            return {"type": "http.disconnect"}
-        body, self.body = self.body, b""
-        self.drained = not self.more_body
-        conn.resume_reading()
-        return {"type": "http.request", "body": body, "more_body": self.more_body}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        conn = self.conn
-        if conn.write_paused and not self.disconnected:
-            try:
-                await conn.drain()
-            except ConnectionResetError:  # cut for taking nothing: connection_lost cancels the call
-                return
-        if self.disconnected or self.response_complete:
-            return
-        if not self.response_started:
-            if message["type"] != "http.response.start":
-                raise RuntimeError(f"expected http.response.start, got {message['type']!r}")
-            self.response_started = True
-            self.expect_100 = False
-            self.pending_head = self._head(message["status"], message.get("headers", ()))
-            return
-        if message["type"] != "http.response.body":
-            raise RuntimeError(f"expected http.response.body, got {message['type']!r}")
-        body: bytes = message.get("body", b"")
-        more = message.get("more_body", False)
-        if self.bodiless:
-            body = b""  # HEAD, 204, 304: whatever the app sends, no body goes out
-        elif self.left >= 0:
-            if len(body) > self.left:
-                raise RuntimeError("response body longer than its Content-Length")
-            self.left -= len(body)
-        if self.chunked:
-            data = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
-        else:
-            data = body
-        if self.pending_head:
-            data, self.pending_head = self.pending_head + data, b""
-        if data:
-            conn.transport.write(data)
-            if more and conn.took_nothing(len(data)):
-                conn.cut()
-                return
-        if not more:
-            if self.left > 0:
-                raise RuntimeError("response body shorter than its Content-Length")
-            self.response_complete = True
-            self.wake()  # a receive() waiting for the client's going ends with the answer
-            conn.response_done(self)
-
-    async def accept_upgrade(self, headers: Headers) -> UpgradedStream:
-        """Switch protocols: 101 with `headers`, then the client's connection as raw bytes."""
-        conn = self.conn
-        if self.response_started or self.disconnected or not conn.upgraded or conn.transport.is_closing():
-            raise ConnectionResetError("the client connection cannot switch protocols")
-        self.response_started = True
-        self.expect_100 = False
-        tunnel = conn.tunnel = UpgradedStream(conn, conn.transport, conn.loop, READ_HIGH_WATER)
-        conn.transport.write(head_lines(101, headers) + b"\r\n")
-        early, conn.early = conn.early, b""
-        tunnel.feed(early)
-        conn.resume_reading()
-        return tunnel
-
-    def _head(self, status: int, headers: Any) -> bytes:
-        parts = [_status_line(status)]
-        fixed = chunked = close = False
-        old_client = self.scope["http_version"] == "1.0"
-        for name, value in headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                if not fixed and not chunked:
-                    fixed = True
-                    self.left = int(value)
-            elif lowered == b"transfer-encoding":
-                chunked = value.lower() == b"chunked"
-                self.left = -1
-                if old_client:
-                    continue  # an HTTP/1.0 client never receives a transfer-coding (RFC 9112 6.1)
-            elif lowered == b"connection" and b"close" in value.lower():
-                self.keep_alive = False
-                close = True
-            parts += (name, b": ", value, b"\r\n")
-        if status == 408:
-            self.keep_alive = False  # the request's body is in doubt: the connection ends (RFC 9110 15.5.9)
-        if self.scope["method"] == "HEAD" or status in (204, 304):
-            self.bodiless = True
-            self.left = -1
-            self.chunked = False
-        elif old_client and not fixed:
-            self.chunked = False  # the body ends with the connection, as HTTP/1.0 delimits it
-            self.keep_alive = False
-        elif not fixed and not chunked:
-            self.chunked = chunked = True
-            parts.append(b"transfer-encoding: chunked\r\n")
-        else:
-            self.chunked = chunked
-        if not self.keep_alive and not close:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
-        return b"".join(parts)
-
-
-class Turns:
-    """Counts the turns of one event loop while connections sit some out (STEP_ASIDE): one
-    callback a turn whatever the number of connections waiting, and no system call."""
-
-    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> Turns:
-        turns = cls._of.get(loop)
-        if turns is None:
-            turns = cls._of[loop] = cls(loop)
-        return turns
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.turn = 0
-        self.waiting: deque[tuple[int, HttpProtocol]] = deque()  # in the order they are due
-        self.ticking = False
-
-    def wait(self, connection: HttpProtocol, turns: int) -> None:
-        """Call `connection.step_back()` once `turns` turns of the loop have passed."""
-        self.waiting.append((self.turn + turns, connection))
-        if not self.ticking:
-            self.ticking = True
-            self.loop.call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self.turn += 1
-        waiting = self.waiting
-        while waiting and waiting[0][0] <= self.turn:
-            connection = waiting.popleft()[1]
-            try:
-                connection.step_back()
-            except Exception:  # one connection's failure never strands the others
-                log.exception("resuming a connection failed; it is closed")
-                connection.transport.close()
-        if waiting:
-            self.loop.call_soon(self._tick)  # runs in the next turn: callbacks added now wait for it
-        else:
-            self.ticking = False
-
-
 class HttpProtocol(asyncio.Protocol):
     """One client connection. Constructed by uvicorn.Server like its own protocol classes."""
 
@@ -343,7 +98,6 @@ class HttpProtocol(asyncio.Protocol):
         self.max_header_bytes = options.max_header_bytes
         self.header_timeout = options.header_timeout
         self.send_timeout = options.send_timeout
-        self.send_check = min(options.send_timeout / SEND_CHECKS, 1.0)
         self.early_answer = options.early_answer
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
@@ -363,14 +117,7 @@ class HttpProtocol(asyncio.Protocol):
         self.scheme = "http"
         self.exchange: Exchange | None = None
         self.pipeline: deque[Exchange] = deque()
-        self.read_paused = False
-        self.write_paused = False
-        self.drain_waiters: list[asyncio.Future[None]] = []
-        # whether the client takes its answer (`took_nothing`)
-        self.expected = -1            # bytes unsent at the last look (-1: not looked at yet in this answer)
-        self.written_since = 0        # bytes handed to the transport since then
-        self.looked_at = 0.0
-        self.taken_at = 0.0           # the last look that found the client had taken bytes (or had none waiting)
+        self.flow: FlowControl = None  # type: ignore[assignment]
         # the request being parsed
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -401,6 +148,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.flow = FlowControl(self.transport, self.loop, self.send_timeout, self._cut_off)
         self.connections.add(self)
         sockname = transport.get_extra_info("sockname")
         peername = transport.get_extra_info("peername")
@@ -423,8 +171,7 @@ class HttpProtocol(asyncio.Protocol):
             self.tunnel.end()
         else:
             self._cancel_gone(self.exchange)
-        self.write_paused = False
-        self._wake_drain()
+        self.flow.lost()
 
     @staticmethod
     def _cancel_gone(exchange: Exchange | None) -> None:
@@ -462,7 +209,7 @@ class HttpProtocol(asyncio.Protocol):
             # since the Upgrade head, and again if a pipelined request's end resumed it
             self.early += data
             if len(self.early) > READ_HIGH_WATER:
-                self._pause_reading()
+                self.flow.pause_reading()
             return
         if self.deferred_refusal or self.upgraded:
             # the parser failed on this connection, or read an Upgrade head: nothing more is read
@@ -470,9 +217,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.aside:  # answered early a moment ago: kept until `step_back`
             self.stashed += data
-            if len(self.stashed) > READ_HIGH_WATER and not self.read_paused:
+            if len(self.stashed) > READ_HIGH_WATER and not self.flow.read_paused:
                 self.stash_paused = True
-                self._pause_reading()
+                self.flow.pause_reading()
             return
         # One read may carry the head and the start of a large body: judge the head only if it is
         # still incomplete after this read (what is buffered stays below the bound plus one read).
@@ -493,7 +240,7 @@ class HttpProtocol(asyncio.Protocol):
                 exchange.keep_alive = False
                 exchange.more_body = False
                 exchange.wake()
-            self._pause_reading()
+            self.flow.pause_reading()
             return
         except httptools.HttpParserError as exc:
             if not self.transport.is_closing():
@@ -512,11 +259,10 @@ class HttpProtocol(asyncio.Protocol):
                 self.framing_bytes = 0
 
     def pause_writing(self) -> None:
-        self.write_paused = True
+        self.flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self.write_paused = False
-        self._wake_drain()
+        self.flow.resume_writing()
 
     # --- httptools callbacks -------------------------------------------------------------------
 
@@ -608,7 +354,7 @@ class HttpProtocol(asyncio.Protocol):
             if len(self.pipeline) >= MAX_PIPELINED:  # one read could queue thousands: MiBs a connection
                 self._refuse(503, f"more than {MAX_PIPELINED} requests pipelined behind one in progress")
                 raise httptools.HttpParserError("too many pipelined requests")
-            self._pause_reading()
+            self.flow.pause_reading()
             self.pipeline.append(exchange)
 
     def _absolute_form(self, parsed: Any, version: str) -> None:
@@ -635,7 +381,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         exchange.body += body
         if len(exchange.body) > READ_HIGH_WATER:
-            self._pause_reading()
+            self.flow.pause_reading()
         exchange.wake()
 
     def on_message_complete(self) -> None:
@@ -680,12 +426,12 @@ class HttpProtocol(asyncio.Protocol):
             data, self.stashed = self.stashed, b""
             if self.stash_paused:
                 self.stash_paused = False
-                self.resume_reading()
+                self.flow.resume_reading()
             self.data_received(data)
 
     def _start(self, exchange: Exchange) -> None:
         self.exchange = exchange
-        self.expected = -1
+        self.flow.answer_begins()
         task = exchange.task = self.loop.create_task(self._run(exchange))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -737,13 +483,13 @@ class HttpProtocol(asyncio.Protocol):
             return
         if self.pipeline:
             if not self.deferred_refusal:
-                self.resume_reading()
+                self.flow.resume_reading()
             self._start(self.pipeline.popleft())
         elif self.deferred_refusal:
             self.transport.write(self.deferred_refusal)
             self.transport.close()
         else:
-            self.resume_reading()
+            self.flow.resume_reading()
             self.idle_since = self.loop.time()
             self._arm()
 
@@ -758,82 +504,25 @@ class HttpProtocol(asyncio.Protocol):
     # --- flow control --------------------------------------------------------------------------
 
     def pause_side(self) -> None:  # gateway.http.upgraded.Side
-        self._pause_reading()
+        self.flow.pause_reading()
 
     def resume_side(self) -> None:
-        self.resume_reading()
+        self.flow.resume_reading()
 
     async def writable(self, written: int) -> None:
-        if not self.transport.is_closing() and self.took_nothing(written):
-            self.cut()
-        if self.write_paused and not self.transport.is_closing():
-            await self.drain()
+        flow = self.flow
+        if not self.transport.is_closing() and flow.took_nothing(written):
+            flow.cut()
+        if flow.write_paused and not self.transport.is_closing():
+            await flow.drain()
         if self.transport.is_closing():
             raise ConnectionResetError("the client connection is closed")
 
-    def _pause_reading(self) -> None:
-        if not self.read_paused and not self.transport.is_closing():
-            self.read_paused = True
-            self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        if self.read_paused:
-            self.read_paused = False
-            if not self.transport.is_closing():
-                self.transport.resume_reading()
-
-    async def drain(self) -> None:
-        """Wait until the client takes what was written; a client that takes nothing for
-        `send_timeout` is cut: ConnectionResetError, and its call is cancelled (connection_lost)."""
-        waiter: asyncio.Future[None] = self.loop.create_future()
-        self.drain_waiters.append(waiter)
-        while True:
-            done, _ = await asyncio.wait((waiter,), timeout=self.send_check)
-            if done:
-                return
-            if self.took_nothing(0):
-                self.cut()
-                raise ConnectionResetError("the client took nothing of its answer")
-
-    def took_nothing(self, written: int) -> bool:
-        """Whether the client has taken none of the bytes waiting for it for `send_timeout`, just
-        after `written` more were handed to the transport. Looked at as a streamed answer goes out
-        (at most every half `send_check`: a look is a system call) and every `send_check` seconds
-        while a write waits: by the bytes still unsent (the transport's buffer and the kernel's
-        queue), not by the socket being writable. On loopback the kernel queues megabytes before
-        the transport's buffer fills, which a slow stream takes minutes to fill; and it reports a
-        full socket writable only once half its queue is gone, which a slow reader that keeps
-        reading can take longer than `send_timeout` to make room for."""
-        now = self.loop.time()
-        self.written_since += written
-        if self.expected >= 0 and now - self.looked_at < self.send_check / 2:
-            return False
-        unsent = unsent_bytes(self.transport)
-        if self.expected < 0 or unsent == 0 or unsent < self.expected + self.written_since:
-            self.taken_at = now
-        self.expected = unsent
-        self.written_since = 0
-        self.looked_at = now
-        return now - self.taken_at >= self.send_timeout
-
-    def cut(self) -> None:
-        """Cut a client that took nothing of its answer for `send_timeout`: with a reset, as nginx's
-        reset_timedout_connection, so the kernel drops the megabytes still queued for it instead of
-        keeping them for a peer that may never read (a close leaves them queued, and no FIN goes)."""
-        log.info("a client took nothing of its answer for %.0fs: connection cut", self.send_timeout)
+    def _cut_off(self) -> None:
+        """The client is cut for taking nothing: its app's next sends go nowhere, and
+        connection_lost cancels its call."""
         if self.exchange is not None:
-            self.exchange.disconnected = True  # its app's next sends go nowhere; connection_lost cancels it
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.transport.abort()
-
-    def _wake_drain(self) -> None:
-        waiters, self.drain_waiters = self.drain_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+            self.exchange.disconnected = True
 
     # --- timeouts and refusals -----------------------------------------------------------------
 
@@ -871,7 +560,7 @@ class HttpProtocol(asyncio.Protocol):
         if current is not None and current.response_started and not current.response_complete:
             self.transport.close()  # never written into the middle of a response: the connection ends
             return
-        answer = _problem_bytes(status, detail)
+        answer = problem_bytes(status, detail)
         if current is not None and current.more_body and not current.entered and not current.response_started:
             # refused in the read that carried its head: the app, whose task has not run yet, is
             # never entered, so the request is neither counted nor forwarded
@@ -880,7 +569,7 @@ class HttpProtocol(asyncio.Protocol):
             self.pipeline.pop()  # the refused request itself, queued but never started: it never will be
         if self.pipeline or (current is not None and not current.response_complete and not current.more_body):
             self.deferred_refusal = answer
-            self._pause_reading()
+            self.flow.pause_reading()
             return
         self.transport.write(answer)
         self.transport.close()

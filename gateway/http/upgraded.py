@@ -3,7 +3,7 @@
 `UpgradedStream` has the interface of httpcore's `AsyncNetworkStream` (`read`, `write`, `aclose`,
 `get_extra_info`), which httpx hands over as the `network_stream` extension of a 101 response. Both
 ends of a WebSocket tunnel are one: the upstream's (gateway/http/transport.py gives it for its
-101 answers, as httpcore does) and the client's (gateway/http/server.py gives it to the app that
+101 answers, as httpcore does) and the client's (gateway/http/exchange.py gives it to the app that
 accepts an upgrade). gateway/tunnel.py relays between two of them.
 
 Bytes received wait in a queue; past `high_water` of them the socket is paused until `read` takes
