@@ -21,7 +21,7 @@ from gateway.config.fields import (
     Place,
 )
 from gateway.config.kinds import ENV_REF, NAME, PARAM, SOURCE_KINDS, path_params
-from gateway.config.loader import UNREADABLE_HEADERS, load_config, parse_config
+from gateway.config.loader import load_config, parse_config
 from gateway.config.model import (
     LOCAL_REFUSALS_HOLD,
     LOCAL_REFUSALS_MAX,
@@ -40,6 +40,7 @@ from gateway.config.model import (
     keeps_full_limit,
     shard_share,
 )
+from gateway.config.rules import UNREADABLE_HEADERS
 
 __all__ = [
     "ALGORITHMS", "BUCKET_ALGORITHMS", "ENV_REF", "FAILURE_MODES", "HEADER_MODES", "LOCAL_REFUSALS_HOLD",

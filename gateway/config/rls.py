@@ -33,6 +33,7 @@ import yaml
 
 from gateway.config.fields import Algorithm
 from gateway.config.model import RlsDescriptor, RlsDomain, Route, Rule, Source
+from gateway.config.reader import YamlReader
 from gateway.errors import ConfigProblem
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -69,36 +70,11 @@ class DomainSource:
     shards: int = 1
 
 
-class _FileReader:
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.problems: list[ConfigProblem] = []
+class _FileReader(YamlReader):
+    """envoyproxy/ratelimit's file, with its own words for an unknown key."""
 
-    def problem(self, node: yaml.Node | None, key: str, message: str) -> None:
-        line = node.start_mark.line + 1 if node is not None else 1
-        self.problems.append(ConfigProblem(self.file, line, key, message))
-
-    def mapping(self, node: yaml.Node, key: str, allowed: tuple[str, ...]) -> dict[str, yaml.Node] | None:
-        if not isinstance(node, yaml.MappingNode):
-            self.problem(node, key or "(document)", "must be a mapping")
-            return None
-        out: dict[str, yaml.Node] = {}
-        for knode, vnode in node.value:
-            name = knode.value if isinstance(knode, yaml.ScalarNode) else None
-            path = f"{key}.{name}" if key else str(name)
-            if name not in allowed:
-                self.problem(knode, path, f"config error, unknown key '{name}' (allowed here: {', '.join(allowed)})")
-            elif name in out:
-                self.problem(knode, path, "appears twice")
-            else:
-                out[name] = vnode
-        return out
-
-    def scalar(self, node: yaml.Node, key: str) -> str | None:
-        if not isinstance(node, yaml.ScalarNode):
-            self.problem(node, key, "must be a single value")
-            return None
-        return str(node.value)
+    def unknown_key(self, name: str | None, allowed: tuple[str, ...]) -> str:
+        return f"config error, unknown key '{name}' (allowed here: {', '.join(allowed)})"
 
     def boolean(self, nodes: dict[str, yaml.Node], name: str, key: str) -> bool:
         if name not in nodes:
@@ -111,13 +87,11 @@ class _FileReader:
             return False
         return text.lower() == "true"
 
-    def sequence(self, node: yaml.Node, key: str) -> list[yaml.Node]:
+    def listed(self, node: yaml.Node, key: str) -> list[yaml.Node]:
+        """A list, where an empty value (`descriptors:` with nothing after it) is an empty one."""
         if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
             return []
-        if not isinstance(node, yaml.SequenceNode):
-            self.problem(node, key, "must be a list")
-            return []
-        return list(node.value)
+        return self.sequence(node, key) or []
 
 
 def read_file(path: Path, shown: str) -> tuple[DomainSource | None, list[ConfigProblem]]:
@@ -164,7 +138,7 @@ def _file_nodes(reader: _FileReader, node: yaml.Node | None, key: str, depth: in
         return []
     out: list[Node] = []
     seen: set[str] = set()
-    for i, item in enumerate(reader.sequence(node, key)):
+    for i, item in enumerate(reader.listed(node, key)):
         here = f"{key}[{i}]"
         found = reader.mapping(item, here, _DESCRIPTOR_KEYS)
         if found is None:
@@ -197,7 +171,7 @@ def _file_limit(reader: _FileReader, node: yaml.Node, key: str, entry: Node, sha
     unit = (reader.scalar(found["unit"], f"{key}.unit") or "").lower() if "unit" in found else ""
     name = (reader.scalar(found["name"], f"{key}.name") or "") if "name" in found else ""
     replaces: list[str] = []
-    for j, item in enumerate(reader.sequence(found["replaces"], f"{key}.replaces") if "replaces" in found else []):
+    for j, item in enumerate(reader.listed(found["replaces"], f"{key}.replaces") if "replaces" in found else []):
         named = reader.mapping(item, f"{key}.replaces[{j}]", ("name",))
         target = reader.scalar(named["name"], f"{key}.replaces[{j}].name") if named and "name" in named else ""
         if not target:
