@@ -102,6 +102,34 @@ def _policy(rule: Rule) -> _Policy:
     return parts
 
 
+class _Headed(NamedTuple):
+    """What a rule set's headers say whatever the state, per rule (its `_Policy`), and the
+    RateLimit-Policy value per rule named first; until the earliest calendar period ends."""
+
+    rules: tuple[Rule, ...]  # held: the ids in the cache key cannot be reused while cached
+    policies: tuple[_Policy, ...]
+    enforced: tuple[int, ...]  # the rules that are not shadows
+    policy_field: dict[int, bytes]
+    until: float
+
+
+_HEADED: dict[tuple[int, ...], _Headed] = {}
+
+
+def _headed(rules: Sequence[Rule]) -> _Headed:
+    key = tuple(map(id, rules))
+    found = _HEADED.get(key)
+    if found is not None and (found.until == math.inf or time.time() < found.until):
+        return found
+    policies = tuple(_policy(rule) for rule in rules)
+    until = min((_POLICIES[id(rule)][2] for rule in rules), default=math.inf)
+    if len(_HEADED) >= 4096:  # rule sets of configs reloaded away
+        _HEADED.clear()
+    found = _HEADED[key] = _Headed(tuple(rules), policies, tuple(i for i, r in enumerate(rules) if not r.shadow), {},
+                                   until)
+    return found
+
+
 def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> Headers:
     """The rate-limit headers of an answer: every enforced rule the request was counted by, the
     refusing or most restrictive one first. `draft`: the IETF fields, each a list with an item per
@@ -112,17 +140,25 @@ def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> H
     first = most_restrictive(rules, decision)
     if first is None:
         return []
-    order = [first, *(i for i, rule in enumerate(rules) if i != first and not rule.shadow)]
+    headed = _headed(rules)
+    policies = headed.policies
+    order = [first, *(i for i in headed.enforced if i != first)]
     states = decision.rules
-    policies = {i: _policy(rules[i]) for i in order}  # one cache lookup per rule
     headers: Headers = []
     if mode != "legacy":  # draft or both
         items = []
         for i in order:
             state = states[i]
-            item = policies[i].name + b"%d" % max(0, state.remaining)
-            items.append(item + b";t=%d" % _seconds(state.reset_ms) if state.reset_ms >= 0 else item)
-        headers.append((b"ratelimit-policy", b", ".join(policies[i].policy for i in order)))
+            remaining = state.remaining if state.remaining > 0 else 0
+            reset = state.reset_ms
+            if reset >= 0:
+                items.append(policies[i].name + b"%d;t=%d" % (remaining, -(-reset // 1000)))
+            else:
+                items.append(policies[i].name + b"%d" % remaining)
+        policy_field = headed.policy_field.get(first)
+        if policy_field is None:
+            policy_field = headed.policy_field[first] = b", ".join(policies[i].policy for i in order)
+        headers.append((b"ratelimit-policy", policy_field))
         headers.append((b"ratelimit", b", ".join(items)))
     if mode != "draft":  # legacy or both
         state = states[first]
