@@ -1037,7 +1037,7 @@ routes:
     upstream: nowhere
     limits: [{{name: g, by: [], algorithm: gcra, rate: 100/s, burst: 100}}]
   - name: protected
-    match: {{path: /slow}}
+    match: {{path: /inflight}}
     upstream: up
     protect: {{min_limit: 1, max_limit: 1}}
   - name: fleet
@@ -1067,11 +1067,13 @@ def live_scrape(tmp_path: Path, upstream_url: str) -> dict[str, set[str]]:
         assert [(t["route"], t["rule"], t["refusals"]) for t in top] == [("limited", "once", 1)]
         assert httpx.get(gateway.url + "/broken").status_code == 502
         with ThreadPoolExecutor(1) as pool:  # protect: one request in flight, the next one shed
-            held = pool.submit(httpx.get, gateway.url + "/slow", params={"delay": 2}, timeout=10)
-            wait_until(lambda: httpx.get(gateway.url + "/slow", params={"delay": 0}).status_code == 503)
+            before = httpx.get(upstream_url + "/inflight-max").json()["now"]
+            held = pool.submit(httpx.get, gateway.url + "/inflight", params={"delay": 3}, timeout=20)
+            wait_until(lambda: httpx.get(upstream_url + "/inflight-max").json()["now"] > before)  # it holds the place
+            assert httpx.get(gateway.url + "/inflight", params={"delay": 0}).status_code == 503
             assert held.result().status_code == 200
         for _ in range(15):  # a window of answers: the answer time the limit sees
-            assert httpx.get(gateway.url + "/slow", params={"delay": 0.01}).status_code == 200
+            assert httpx.get(gateway.url + "/inflight", params={"delay": 0.01}).status_code == 200
         assert httpx.post(gateway.admin_url + "/reload").status_code == 200
         redis.stop()
         assert httpx.get(gateway.url + "/broken").status_code == 502  # failed open, then the upstream failed
