@@ -53,7 +53,16 @@ def _commandstats(proc: RedisProcess) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
-def test_every_decision_is_one_script_call_and_survives_script_flush_and_restart(redis_proc: RedisProcess) -> None:
+def test_every_decision_is_one_script_call_and_survives_script_flush_and_restart() -> None:
+    redis_proc = RedisProcess()  # its own: the commands counted are this test's alone (a shared server
+    redis_proc.start()           # also hears other tests' processes and background polls)
+    try:
+        _one_script_call_each(redis_proc)
+    finally:
+        redis_proc.stop()
+
+
+def _one_script_call_each(redis_proc: RedisProcess) -> None:
     rules = [Rule("user", (), "token_bucket", rate=100.0, burst=100),
              Rule("item", (), "sliding_window", limit=1000, window=1.0),
              Rule("stock", (), "quota", limit=10_000)]
