@@ -51,6 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
     patience.factor()  # measured once, before any test loads the machine; carried to child processes
     for name in SLICES:
         config.addinivalue_line("markers", f"{name}: a slice of the suite (tests/conftest.py)")
+    config.addinivalue_line("markers", "clock_windows: counts under windows aligned to the clock; starts the test "
+                            "clear of a minute's edge (tests/support/windows.py)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -63,9 +65,12 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _clear_of_a_minutes_edge() -> None:
-    """Every test starts at least 2 s (scaled) before a minute turns (tests/support/windows.py)."""
-    clear_of_the_edge(60.0)
+def _clear_of_a_minutes_edge(request: pytest.FixtureRequest) -> None:
+    """A test marked `clock_windows` (counting under a fixed window of a minute or more, or an RLS
+    unit, aligned to the clock) starts at least 2 s (scaled) before a minute turns
+    (tests/support/windows.py); no other test waits."""
+    if request.node.get_closest_marker("clock_windows") is not None:
+        clear_of_the_edge(60.0)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@ from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """\
 version: 1
 upstreams: {{up: {{url: "{url}"}}}}

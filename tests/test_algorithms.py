@@ -25,6 +25,8 @@ from tests.support.limiter_engine import T0, Engine, clocked_server, fresh_keys,
 from tests.support.limiter_models import NEVER, Answer, Model, Route, model_for, step_us, window_us
 from tests.support.redis_proc import binaries
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 EXAMPLES = settings(max_examples=30, deadline=None)
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra", "leaky_bucket", "quota"]
 

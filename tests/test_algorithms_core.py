@@ -18,6 +18,8 @@ from gateway.redis import make_runner
 from tests.support.limiter_engine import Engine as MicrosecondEngine
 from tests.support.redis_proc import RedisClock, RedisProcess
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 T0 = 1_800_000_000.0  # a fixed epoch second, aligned to every window used here
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

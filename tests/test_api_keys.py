@@ -23,6 +23,8 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 APPLIES_WITHIN = 2.0  # seconds: the bar (scaled by the suite's time factor in wait_until)
 
 

@@ -29,6 +29,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisClock, RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 # no DST; DST at 02:00/03:00 (Europe), at 02:00 local (America), half an hour (Lord Howe), south;
 ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "Australia/Sydney",
          "America/Sao_Paulo", "America/Santiago", "Pacific/Apia"]  # the last: DST at midnight, a skipped day

@@ -12,6 +12,8 @@ import pytest
 from gateway.cli import parse_args, resolve_settings
 from gateway.settings import ENV_KEYS, Settings, boolean, from_env
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

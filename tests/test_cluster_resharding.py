@@ -21,6 +21,7 @@ from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
 from gateway.redis import ClusterRunner, make_runner
 from tests.support.cluster import RedisCluster
+from tests.support.patience import within
 
 LIMIT = 300
 RULES = [
@@ -70,10 +71,12 @@ def test_a_slot_migrating_under_load_costs_no_error_and_no_over_admission(cluste
                     counts["errors"] += 1
                 else:
                     counts["admitted" if decision.admitted else "refused"] += 1
+                    flowing.set()
                 await asyncio.sleep(0.01)
 
+        flowing = asyncio.Event()
         workers = [asyncio.create_task(worker()) for _ in range(40)]
-        await asyncio.sleep(0.05)  # decisions flowing (and the script loaded) before the move
+        await asyncio.wait_for(flowing.wait(), within(10))  # decisions flowing (the script loaded) before the move
         mover = threading.Thread(target=_migrate, args=(cluster, slot, started, done))
         mover.start()
         await asyncio.gather(*workers)

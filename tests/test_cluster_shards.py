@@ -28,6 +28,7 @@ from gateway.plan import RoutePlan, route_plan
 from gateway.redis import ClusterRunner, make_runner
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
+from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
@@ -230,10 +231,10 @@ def test_a_primary_failover_mid_run_costs_no_500_and_no_over_admission(upstream:
         plan = _plan(6, 600, prefix)
         victim = c.owner_of(plan.shard_prefix_keys[0][1] + "9")
         replica = c.replica_of(victim)
-        killed = threading.Event()
+        killed, flowing = threading.Event(), threading.Event()
 
         def kill() -> None:
-            time.sleep(0.8)
+            assert flowing.wait(60), "the flood never got going"
             assert victim.process is not None
             victim.process.kill()
             victim.process.wait()
@@ -252,6 +253,7 @@ def test_a_primary_failover_mid_run_costs_no_500_and_no_over_admission(upstream:
                 batch = await _flood(urls, "/echo/sale/9", 120, 1, concurrency=24, first_user=batches * 120)
                 batches += 1
                 statuses.update(batch)
+                flowing.set()  # a batch answered: the primary dies mid-run
                 if killed.is_set() and batch[503] == 0:
                     recovered_at = recovered_at or time.monotonic()
                     if time.monotonic() - recovered_at > 1.0:
@@ -315,10 +317,12 @@ def test_a_shard_slot_migrating_mid_run_costs_no_error_and_no_over_admission(clu
                     counts["errors"] += 1
                 else:
                     counts["admitted" if admitted else "refused"] += 1
+                    flowing.set()
                 await asyncio.sleep(0.01)
 
+        flowing = asyncio.Event()
         workers = [asyncio.create_task(worker()) for _ in range(40)]
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(flowing.wait(), within(10))  # decisions flowing before the move
         mover = threading.Thread(target=_migrate, args=(cluster, slot, done))
         mover.start()
         await asyncio.gather(*workers)

@@ -8,7 +8,6 @@ import functools
 import signal
 import socketserver
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,8 @@ from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 CONFIG = """
 version: 1
@@ -153,7 +154,7 @@ def test_a_charge_redis_cannot_take_is_counted_and_named(tmp_path: Path) -> None
         with ThreadPoolExecutor(1) as pool:
             failing = pool.submit(httpx.post, gateway.url + "/signin", params={"delay": "0.5"},
                                   headers={"X-User": "gus", "X-Password": "wrong"}, timeout=10)
-            time.sleep(0.2)  # admitted (checked) by now; the answer comes at 0.5 s
+            wait_until(lambda: upstream.arrived("/signin") == 1, timeout=5)  # admitted; the answer comes 0.5 s after
             assert own.process is not None
             own.process.send_signal(signal.SIGSTOP)
             try:

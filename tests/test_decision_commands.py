@@ -15,6 +15,8 @@ from gateway.limiter import Limiter, RuleSpec, rule_spec
 from gateway.redis import make_runner
 from tests.support.redis_proc import RedisProcess, binaries
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 RULES = {
     "fixed_window": Rule("r", (), "fixed_window", limit=1_000_000, window=1.0),
     "sliding_window": Rule("r", (), "sliding_window", limit=1_000_000, window=1.0),

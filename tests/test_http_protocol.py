@@ -18,6 +18,9 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 CONFIG = """
 version: 1
@@ -119,14 +122,16 @@ def test_a_silent_connection_is_closed_after_the_header_timeout(gateway: Gateway
         assert conn.closed_by_peer()  # within the 5 s socket timeout; GATEWAY_HEADER_TIMEOUT is 1 s
 
 
-def test_a_client_that_closes_its_side_after_its_request_has_gone_as_nginx_reads_it(gateway: GatewayProcess) -> None:
+def test_a_client_that_closes_its_side_after_its_request_has_gone_as_nginx_reads_it(
+        gateway: GatewayProcess, upstream: Upstream) -> None:
     """SPEC section 4: a client that closes its connection while its request is at the upstream is
     noticed at once, as nginx does (proxy_ignore_client_abort off, which reads a FIN so): the
     request is abandoned and the connection closed without an answer. (Until this round a
     half-closed client was still answered; tests/test_client_gone.py has the rest.)"""
+    before = upstream.arrived("/slow")
     with Conn(gateway.port) as conn:
         conn.send(get("/slow?delay=10"))
-        time.sleep(0.2)  # the request is at the upstream
+        wait_until(lambda: upstream.arrived("/slow") > before, timeout=5)  # the request is at the upstream
         conn.sock.shutdown(socket.SHUT_WR)
         started = time.monotonic()
         assert conn.sock.recv(65536) == b""  # closed, no answer

@@ -7,12 +7,15 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 
 def samples(gateway: GatewayProcess) -> dict[str, float]:

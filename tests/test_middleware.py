@@ -27,6 +27,8 @@ from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """
 version: 1
 redis: {{timeout: 200ms, key_prefix: {prefix}}}

@@ -23,6 +23,8 @@ from starlette.routing import Route
 from gateway import RateLimitMiddleware, metrics
 from tests.support.redis_proc import RedisProcess
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 ROUTES = """
 version: 1
 access_log: true

@@ -22,6 +22,8 @@ from tests.support.redis_proc import RedisClock, RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 REPO_ROUTES = (ROOT / "routes.yaml").read_text()
 ORDER = {"X-User-Id": "alice", "Content-Type": "application/json"}

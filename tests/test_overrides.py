@@ -24,6 +24,8 @@ from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 from tests.test_middleware import Served
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 APPLIES_WITHIN = 2.0  # seconds: the SPEC's promise for every gateway
 
 ROUTES = """\

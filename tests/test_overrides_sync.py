@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import pytest
+
 from gateway.config import RedisSettings, parse_config
 from gateway.limiter import Limiter
 from gateway.override_sync import Overrides
@@ -13,6 +15,8 @@ from gateway.overrides import CHANGES, PUT, Store, canonical
 from gateway.redis import make_runner
 from gateway.runtime import Runtime, build_runtime
 from tests.support.redis_proc import RedisProcess
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 CONFIG = """
 version: 1

@@ -21,6 +21,8 @@ from gateway.runtime import Runtime, build_runtime, new_limiter
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """
 version: 1
 redis: {{timeout: 200ms, key_prefix: {prefix}}}

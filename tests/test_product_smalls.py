@@ -22,6 +22,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -119,8 +119,11 @@ def test_a_paused_redis_costs_a_decision_no_more_than_the_timeout() -> None:
             finally:
                 os.kill(proc.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
             # the batches cut short left the connection closed, never half-read: once the breaker
-            # lets calls through again, each gets its own reply
-            await asyncio.sleep(limiter.breaker.open_for)
+            # lets calls through again (its probe saw Redis answer), each gets its own reply
+            for _ in range(round(within(10) / 0.05)):  # its probe runs every open_for (1 s)
+                if limiter.breaker_state.name == "CLOSED":
+                    break
+                await asyncio.sleep(0.05)
             assert await _served_again(limiter)
             again = await asyncio.gather(*[limiter.decide(QUOTA, [_key()], [1]) for _ in range(20)])
             assert all(decision.admitted for decision in again)

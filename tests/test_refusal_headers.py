@@ -8,10 +8,13 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 CONFIG = """
 version: 1

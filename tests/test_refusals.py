@@ -40,6 +40,8 @@ from tests.support.script_feed import decisions
 from tests.support.upstream import Upstream
 from tests.test_algorithms import ALGORITHMS, period_us, rules
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 EXAMPLES = settings(max_examples=25, deadline=None)
 
 

@@ -222,15 +222,21 @@ def test_a_worker_replaced_while_the_file_is_bad_starts_on_the_last_good_config(
     assert "startup failed" not in gateway.log()
 
 
-def test_in_flight_requests_finish_on_their_config_and_through_sigterm(gateway: GatewayProcess) -> None:
+def test_in_flight_requests_finish_on_their_config_and_through_sigterm(
+        gateway: GatewayProcess, upstream: Upstream) -> None:
+    arrived = upstream.arrived("/slow")
+    reloads = metric(gateway, "gateway_config_reloads_total", result="ok")
+
     async def scenario() -> list[int]:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as client:
             slow = [asyncio.ensure_future(client.get("/slow", params={"delay": "1.5"})) for _ in range(3)]
-            await asyncio.sleep(0.4)
+            await asyncio.to_thread(wait_until, lambda: upstream.arrived("/slow") == arrived + 3, timeout=5)
             gateway.config_path.write_text(gateway.config_path.read_text().replace(
                 "match: {path: /slow}", "match: {path: /slower}"))
             gateway.signal(signal.SIGHUP)
-            await asyncio.sleep(0.3)
+            await asyncio.to_thread(  # both workers took the new config
+                wait_until, lambda: metric(gateway, "gateway_config_reloads_total", result="ok") >= reloads + 2,
+                timeout=5)
             gateway.signal(signal.SIGTERM)
             return [r.status_code for r in await asyncio.gather(*slow)]
 

@@ -17,6 +17,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 RULES = """
 version: 1
 upstreams: {up: {url: "http://127.0.0.1:1"}}

@@ -47,6 +47,8 @@ from tests.support.rls_client import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 # envoyproxy/ratelimit's test/integration config (basic.yaml, another.yaml), written again
 BASIC = """\
 domain: basic

@@ -15,6 +15,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.ports import free_port
 from tests.support.rls_client import OK, OVER_LIMIT, Descriptor, RlsClient, remaining
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """\
 version: 1
 redis: {{mode: cluster, url: "{url}", timeout: 500ms}}

@@ -18,6 +18,8 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.rls_client import RlsClient
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """\
 version: 1
 upstreams: {up: {url: "http://127.0.0.1:9"}}

@@ -20,6 +20,8 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 # the issue's case, in envoyproxy/ratelimit's format: a per-user 3/min beside a per-site 5/min
 SITE = """\
 domain: site

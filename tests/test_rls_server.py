@@ -32,6 +32,8 @@ from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.rls_client import OK, Descriptor, RlsClient, decision_scripts, error_of, request
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 PATH = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 FILE = """\
 domain: d

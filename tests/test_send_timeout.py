@@ -23,6 +23,7 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
 from tests.support.ws_upstream import WsUpstream
 
 CONFIG = """\
@@ -71,8 +72,8 @@ def stalled(port: int) -> socket.socket:
 def test_a_client_that_reads_nothing_is_cut_and_its_slot_goes_back(gateway: GatewayProcess) -> None:
     sock = stalled(gateway.port)
     try:
-        time.sleep(0.5)  # its answer has started: it holds the one slot
-        assert httpx.get(f"{gateway.url}/bytes?size=10").status_code == 429
+        # its answer has started: it holds the one slot
+        wait_until(lambda: httpx.get(f"{gateway.url}/bytes?size=10").status_code == 429, timeout=10)
         started = time.monotonic()
         deadline = started + SEND_TIMEOUT + 10
         while time.monotonic() < deadline:  # the slot comes back once the stalled client is cut

@@ -4,6 +4,7 @@ error: the gateway asks the sentinel again and carries on with the new primary."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from gateway.config import RedisSettings, Rule
 from gateway.errors import RedisUnavailable
 from gateway.keys import state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis import SentinelRunner, make_runner
+from gateway.redis import Runner, SentinelRunner, make_runner
+from tests.support.patience import within
 from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.sentinel import Sentinel, sentinel_topology
@@ -47,13 +49,14 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
     key = state_key("rlgw", "sale", "stock", "~")
 
     async def run() -> list[bool]:
-        limiter = Limiter(make_runner(settings))
+        runner = make_runner(settings)
+        limiter = Limiter(runner)
         try:
-            return await decisions(limiter)
+            return await decisions(limiter, runner)
         finally:
             await limiter.close()
 
-    async def decisions(limiter: Limiter) -> list[bool]:
+    async def decisions(limiter: Limiter, runner: Runner) -> list[bool]:
         admitted = [(await limiter.decide([rule_spec(rule)], [key], [1])).admitted for _ in range(4)]
         wait_until(lambda: replica.client().get(key) == b"4")
         sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
@@ -61,10 +64,14 @@ def test_decisions_survive_a_failover(topology: tuple[RedisProcess, RedisProcess
         wait_until(lambda: replica.client().info("replication")["role"] == "master", timeout=20)
         # writes between the promotion and the runner's next look at the sentinels go to the old
         # primary and are lost when it is demoted (asynchronous replication); the runner looks
-        # every check_interval seconds
-        await asyncio.sleep(SentinelRunner.check_interval * 1.5)
-        await limiter.decide([rule_spec(rule)], [key], [0], peek=True)  # triggers the look
-        await asyncio.sleep(0.3)
+        # every check_interval seconds, on a decision (a peek counts nothing)
+        assert isinstance(runner, SentinelRunner)
+        pool: Any = runner.client.connection_pool
+        deadline = time.monotonic() + within(SentinelRunner.check_interval + 10)
+        while pool.master_address != ("127.0.0.1", replica.port):
+            assert time.monotonic() < deadline, f"the runner still sends to {pool.master_address}"
+            await limiter.decide([rule_spec(rule)], [key], [0], peek=True)  # triggers the look
+            await asyncio.sleep(0.1)
         errors = 0
         for _ in range(8):
             try:

@@ -18,6 +18,8 @@ from tests.support.limiter_models import model_for
 from tests.support.redis_proc import binaries
 from tests.test_algorithms import costs, gaps, period_us, rules, same
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 EXAMPLES = settings(max_examples=30, deadline=None)
 CHARGED_AFTER = ["fixed_window", "sliding_window", "sliding_log", "quota", "token_bucket", "gcra"]
 REFUNDED = ["fixed_window", "sliding_window", "quota", "token_bucket", "gcra"]

@@ -24,6 +24,8 @@ from gateway.plan import route_plan
 from tests.support.limiter_engine import T0, Engine, clocked_server
 from tests.support.redis_proc import binaries
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 USER = (Source("header", "x-user-id"),)
 ITEM = (Source("path", "item"),)
 

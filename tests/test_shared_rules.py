@@ -21,6 +21,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """
 version: 1
 redis: {{url: "{redis}", timeout: 2s, key_prefix: {prefix}{mode}}}

@@ -16,6 +16,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 SECRET = "tier-secret-" + "x" * 32
 CONFIG = """
 version: 1

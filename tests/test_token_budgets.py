@@ -32,6 +32,8 @@ from tests.support.orphans import started
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 CONFIG = """\
 version: 1
 upstreams: {{llm: {{url: "{url}", timeout: 20s}}}}
@@ -187,9 +189,10 @@ def test_a_stream_cut_mid_event_keeps_the_reserve(gateway: GatewayProcess) -> No
         ask(gateway, k, max_tokens=150, used=20, stream=True, cut=True, stream_options={"include_usage": True})
     reserved = 150 + prompt(max_tokens=150, used=20, stream=True, cut=True, stream_options={"include_usage": True})
     settles_to(gateway, k, 1000 - reserved)
-    time.sleep(0.3)  # nothing more arrives later: the reserve stands
+    # the operator is told, as nginx's "upstream prematurely closed connection" does, once the
+    # gateway is done with the answer: nothing more arrives later, the reserve stands
+    wait_until(lambda: "broke off its 200 answer" in gateway.log(), timeout=5)
     assert remaining(gateway, k) == 1000 - reserved
-    # the operator is told, as nginx's "upstream prematurely closed connection" does
     broke_off = [line for line in gateway.log().splitlines() if "broke off its 200 answer" in line]
     assert len(broke_off) == 1 and "upstream 'llm'" in broke_off[0] and "request id " in broke_off[0], broke_off
 

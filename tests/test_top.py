@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 
 @settings(max_examples=200, deadline=None)

@@ -30,6 +30,8 @@ from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 SERVER = "GET /echo/{rest:path}"  # the request's span: its method and its route's path
 SECRET_USER = "user-" + secrets.token_hex(8)
 SECRET_TOKEN = "sekrit-" + secrets.token_hex(8)

@@ -29,7 +29,10 @@ from websockets.sync.client import connect as connect_sync
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
+from tests.support.waiting import wait_until
 from tests.support.ws_upstream import WsUpstream
+
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
 CONFIG = """
 version: 1
@@ -302,7 +305,7 @@ def test_sigterm_lets_open_tunnels_run_for_the_drain_timeout_then_closes_them(
             ws.send("before")
             assert ws.recv() == "before"
             proc.signal(signal.SIGTERM)
-            time.sleep(0.5)
+            wait_until(lambda: "shutting down: draining" in proc.log(), timeout=10)
             ws.send("during the drain")  # the tunnel still works after SIGTERM
             assert ws.recv() == "during the drain"
             with pytest.raises(ConnectionClosed):

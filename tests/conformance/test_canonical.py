@@ -11,6 +11,8 @@ from tests.conformance.conftest import Deployed
 from tests.conformance.test_client_side import req, run_case
 from tests.conformance.upstream import LoggingUpstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 
 @pytest.mark.parametrize("variant", [b"alice ", b"alice  ", b"alice\t", b" alice"])
 def test_whitespace_around_an_identity_is_the_same_client(

@@ -46,6 +46,8 @@ from tests.support.raw_http import Conn
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 ORIGINS = ("h11", "httptools", "aiohttp")
 FIELDS = ("user", "id", "sid", "host", "body", "item")
 LIMIT = 1

@@ -19,6 +19,7 @@ import pytest
 from tests.conformance.conftest import Deployed
 from tests.conformance.upstream import LoggingUpstream
 from tests.support.raw_http import Conn
+from tests.support.waiting import wait_until
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def test_late_bytes_after_a_bodiless_answer_never_reach_another_client(
         assert conn.response(head_only=late.method == b"HEAD")[0] == late.status
         answered = time.monotonic()
     if late.wait:
-        time.sleep(0.6)
+        wait_until(lambda: name.encode() in logging_upstream.sent_late, timeout=5)
     weaker = gateway.transport == "httpx" and not late.wait
     with Conn(gateway.port) as other:
         other.send(b"GET /open/after-%s HTTP/1.1\r\nHost: gw\r\n\r\n" % name.encode())

@@ -42,6 +42,7 @@ class LoggingUpstream:
     scripts: dict[bytes, bytes] = field(default_factory=dict, repr=False)
     # bytes a script writes after its answer, and after how many seconds (a late body, a stray response)
     late: dict[bytes, tuple[float, bytes]] = field(default_factory=dict, repr=False)
+    sent_late: set[bytes] = field(default_factory=set, repr=False)  # the scripts whose late bytes are out
     connections: int = 0
     port: int = 0
 
@@ -118,6 +119,7 @@ class LoggingUpstream:
                     await asyncio.sleep(delay)
                     writer.write(data)
                     await writer.drain()
+                    self.sent_late.add(name)
                     return  # and closes: what it sent late is all a next request could ever get
         except ConnectionError:
             return

@@ -11,6 +11,7 @@
     POST     /flaky/...       every third request fails with 503; GET /flaky-ok counts the others
     GET      /tokens?n=N      200, declaring its cost in X-Tokens: N
     GET      /inflight?delay=S  answers after S seconds; GET /inflight-max: the most ever in flight at once
+    GET      /arrived?path=P  how many requests for path P have reached this server (a test's event)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tests.support.orphans import started
 from tests.support.ports import free_port
@@ -134,8 +136,22 @@ async def inflight_most(request: web.Request) -> web.Response:
     return web.json_response(IN_FLIGHT)
 
 
+ARRIVED: dict[str, int] = {}
+
+
+@web.middleware
+async def count_arrivals(request: web.Request, handler: Handler) -> web.StreamResponse:
+    ARRIVED[request.path] = ARRIVED.get(request.path, 0) + 1
+    return await handler(request)
+
+
+async def arrived(request: web.Request) -> web.Response:
+    return web.Response(text=str(ARRIVED.get(request.query["path"], 0)))
+
+
 def make_app() -> web.Application:
-    app = web.Application(client_max_size=1 << 40)
+    app = web.Application(client_max_size=1 << 40, middlewares=[count_arrivals])
+    app.router.add_get("/arrived", arrived)
     app.router.add_route("*", "/echo", echo)
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     app.router.add_get("/bytes", stream_bytes)
@@ -165,6 +181,12 @@ class Upstream:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def arrived(self, path: str) -> int:
+        """How many requests for `path` have reached this upstream so far."""
+        import httpx
+
+        return int(httpx.get(f"{self.url}/arrived", params={"path": path}, timeout=5).text)
 
     def start(self) -> None:
         self.process = started(
