@@ -36,6 +36,7 @@ import run  # noqa: E402  (bench/run.py: processes, nginx, wrk, CPU readings)
 CHECK_SCRIPT = BENCH / "check.lua"
 DOC = BENCH.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench/check.py: begin -->", "<!-- bench/check.py: end -->"
+FLOOR = "the Python floor: bare uvloop + httptools, an empty 200 (bench/floor_server.py)"
 
 
 def nginx_auth_request_server(port: int, upstream_port: int, check_port: int) -> str:
@@ -131,6 +132,10 @@ def _run(procs: run.Processes, tmp: Path, duration: float) -> dict[str, dict[str
     gateway = start_gateway(procs, tmp, upstream_port, redis_port, check_port)
     worker = gateway.notes["worker_pids"]
     rows: dict[str, dict[str, dict[str, Any]]] = {}
+    floor = run.start_contender("floor", procs, tmp, upstream_port, redis_port)
+    for connections in (1, 50):
+        rows.setdefault(FLOOR, {})[str(connections)] = measure(floor.url, connections, duration, [floor.process.pid])
+    procs.stop(floor.process)
     for connections in (1, 50):
         at = str(connections)
         rows.setdefault("gateway proxy port (1 worker)", {})[at] = measure(gateway.url, connections, duration, worker)
@@ -183,6 +188,13 @@ def _table(rows: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     lines.append("")
     lines.append(f"Check port / proxy port, gateway CPU per decision: **{_ratio(rows, '1')}** at 1 connection, "
                  f"**{_ratio(rows, '50')}** at 50 (the bar: at most 0.6).")
+    floor = rows[FLOOR]["50"]["gateway_cpu_us_per_request"]
+    multiples = {label: rows[label]["50"]["gateway_cpu_us_per_request"] / floor
+                 for label in ("gateway check port (1 worker)", "gateway proxy port (1 worker)")}
+    lines.append("")
+    lines.append("CPU per request as a multiple of the floor's, at 50 connections: check port **"
+                 f"{multiples['gateway check port (1 worker)']:.1f}x** (the bar: at most 4x), proxy port "
+                 f"**{multiples['gateway proxy port (1 worker)']:.1f}x** (it forwards as well).")
     return lines
 
 

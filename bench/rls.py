@@ -210,6 +210,13 @@ def decision_runs(procs: run.Processes, tmp: Path, duration: float) -> dict[str,
     body.write_bytes(grpc_body(message.SerializeToString()))
     rows: dict[str, dict[str, dict[str, Any]]] = {}
     outcomes: dict[str, dict[str, float]] = {}
+    floor = run.start_contender("floor", procs, tmp, upstream_port, redis_port)
+    for at in CONCURRENCY:
+        measured = check.measure(floor.url, int(at), duration, [floor.process.pid])
+        rows.setdefault("floor", {})[at] = {"rps": measured["rps"], "mean": f"{measured['p50_us']}us (p50)",
+                                            "cpu_us_per_call": measured["gateway_cpu_us_per_request"],
+                                            "errors": measured["error_statuses"]}
+    procs.stop(floor.process)
     rls_port, check_port = run.free_port(), run.free_port()
     gateway = start_gateway(procs, tmp, "gateway", upstream_port, redis_port, rls_port, check_port, ["-m", "gateway"])
     worker = gateway.notes["worker_pids"]
@@ -367,7 +374,8 @@ def table(report: dict[str, Any]) -> list[str]:
     labels = {"rls": "RLS port, the gateway's server on libnghttp2 (1 worker, 3 descriptors)",
               "rls-h2": "RLS port, the gateway's server on h2 (comparison only)",
               "rls-grpclib": "RLS port on grpclib's server (comparison only)",
-              "check": "check port (1 worker, the same 3 rules)"}
+              "check": "check port (1 worker, the same 3 rules)",
+              "floor": "the Python floor: bare uvloop + httptools, an empty 200 (HTTP/1.1, wrk)"}
     lines += ["", "**Decisions** (the gateway worker's CPU per decision):", "",
               "| | 1 call: decisions/s | mean latency | CPU/decision | 50 concurrent: decisions/s | mean latency | "
               "CPU/decision |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -376,6 +384,11 @@ def table(report: dict[str, Any]) -> list[str]:
         lines.append(f"| {label} | {one['rps']} | {one['mean']} | {one['cpu_us_per_call']:.0f} µs | {fifty['rps']} | "
                      f"{fifty['mean']} | {fifty['cpu_us_per_call']:.0f} µs |")
     outcomes = report["decisions"]["outcomes"]
+    floor = rows["floor"]["50"]["cpu_us_per_call"]
+    lines += ["", f"CPU per decision at 50 concurrent calls: RLS **{rows['rls']['50']['cpu_us_per_call'] / floor:.1f}x** "
+              f"the floor's, check port **{rows['check']['50']['cpu_us_per_call'] / floor:.1f}x**; RLS / check port "
+              f"**{rows['rls']['50']['cpu_us_per_call'] / rows['check']['50']['cpu_us_per_call']:.2f}** "
+              "(the bar: at most 1.2)."]
     lines += ["", f"RLS decisions per core / the check port's: **{ratio(report['decisions'], '1')}** at 1 call, "
               f"**{ratio(report['decisions'], '50')}** at 50 (the bar: at least {TARGET_DECISIONS_PER_CORE}). "
               f"Calls by result: {outcomes}.",

@@ -24,6 +24,8 @@ from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 APPLIES_WITHIN = 2.0  # seconds: a key written on the admin port reaches the workers within it
 
 STORED = st.sampled_from(["free", "pro", "free acme", "pro acme", "pro globex", None])

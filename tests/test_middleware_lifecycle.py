@@ -25,6 +25,8 @@ from tests.support.redis_proc import RedisProcess
 
 pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 ROUTES = """
 version: 1
 access_log: true

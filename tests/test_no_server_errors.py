@@ -26,6 +26,8 @@ from tests.support.gateway_proc import GatewayProcess
 from tests.support.redis_proc import RedisProcess
 from tests.support.upstream import Upstream
 
+pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
+
 SECRET = "test-secret-of-at-least-32-bytes-long!"
 TOKEN = "admin-token-for-the-no-500-tests"
 CONFIG = f"""
