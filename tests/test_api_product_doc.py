@@ -25,6 +25,8 @@ from tests.support.ports import free_port
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_for_port, wait_until
 
+pytestmark = pytest.mark.clock_windows  # its walk-through counts under a calendar month (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 TITLE = "## Running an API product"
 APPLIES_WITHIN = 2.0
