@@ -3,7 +3,7 @@
 `LeanTransport` is an `httpx.AsyncBaseTransport`: it takes an `httpx.Request` and returns an
 `httpx.Response` whose stream hands body chunks over as they arrive, like httpx's own
 `AsyncHTTPTransport` (which the gateway uses for `http2: true` upstreams, and which runs through
-the same tests: tests/test_upstream_http.py and tests/conformance/). Underneath: keep-alive
+the same tests: tests/test_http_transport.py and tests/conformance/). Underneath: keep-alive
 connections on asyncio protocols and llhttp (httptools) as the response parser, the head written
 in one `write()`, the upstream socket paused while the client reads slower than the upstream
 sends. It costs a fraction of httpcore's per-request CPU (docs/benchmarks.md, "The price of each
