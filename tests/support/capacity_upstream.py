@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--service", type=float, required=True)
     args = parser.parse_args()
     web.run_app(make_app(args.capacity, args.service), host="127.0.0.1", port=args.port, print=None,
-                access_log=None)
+                access_log=None, shutdown_timeout=0.1)  # stopped at once: nobody waits for its answers then
 
 
 if __name__ == "__main__":

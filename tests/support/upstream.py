@@ -212,7 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None)
+    # stopped at once on SIGTERM: a handler still sleeping for a client that left answers nobody
+    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None, shutdown_timeout=0.1)
 
 
 if __name__ == "__main__":
