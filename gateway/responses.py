@@ -63,9 +63,6 @@ class _Policy(NamedTuple):
     unit: bytes    # its Kong-style window (minute, ...), or b""
 
 
-_POLICIES: dict[int, tuple[Rule, _Policy, float]] = {}
-
-
 def current_period(period: str, zone: str, at: float) -> tuple[float, float]:
     """The calendar period (day, week from Monday, month) of `zone` that `at` is in: its start and
     its end (the next reset), UTC seconds; a month in November is 30 days long, a DST day 23 or 25 h."""
@@ -80,13 +77,9 @@ def current_period(period: str, zone: str, at: float) -> tuple[float, float]:
     return start.replace(tzinfo=tz).timestamp(), next_reset(period, zone, at)
 
 
-def _policy(rule: Rule) -> _Policy:
-    """A rule's header parts that do not change with its state, cached by identity (the entry holds
-    the rule, so its id cannot be reused while cached); a calendar rule's until its period ends."""
-    entry = _POLICIES.get(id(rule))
-    now = time.time() if rule.calendar_period is not None else 0.0
-    if entry is not None and entry[0] is rule and now < entry[2]:
-        return entry[1]
+def _policy(rule: Rule, now: float) -> tuple[_Policy, float]:
+    """A rule's header parts that do not change with its state, and until when they hold (a
+    calendar rule's: until its period ends)."""
     window, until = rule.policy_window, math.inf
     if rule.calendar_period is not None:  # `w` is the current period's length
         start, until = current_period(rule.calendar_period, rule.calendar, now)
@@ -95,11 +88,7 @@ def _policy(rule: Rule) -> _Policy:
     if window > 0:
         policy += f";w={math.ceil(window)}"
     unit = _UNITS.get(float(rule.policy_window), b"") if str(rule.algorithm) in _WINDOWED else b""
-    parts = _Policy(policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode(), unit)
-    if len(_POLICIES) >= 4096:  # rules of configs reloaded away
-        _POLICIES.clear()
-    _POLICIES[id(rule)] = (rule, parts, until)
-    return parts
+    return _Policy(policy.encode(), f'"{rule.name}";r='.encode(), str(rule.quota_size).encode(), unit), until
 
 
 class _Headed(NamedTuple):
@@ -117,12 +106,16 @@ _HEADED: dict[tuple[int, ...], _Headed] = {}
 
 
 def _headed(rules: Sequence[Rule]) -> _Headed:
+    """A rule set's `_Headed`, cached by the rules' identities (the entry holds the rules, so their
+    ids cannot be reused while cached)."""
     key = tuple(map(id, rules))
     found = _HEADED.get(key)
     if found is not None and (found.until == math.inf or time.time() < found.until):
         return found
-    policies = tuple(_policy(rule) for rule in rules)
-    until = min((_POLICIES[id(rule)][2] for rule in rules), default=math.inf)
+    now = time.time()
+    parts = [_policy(rule, now) for rule in rules]
+    policies = tuple(policy for policy, _ in parts)
+    until = min((until for _, until in parts), default=math.inf)
     if len(_HEADED) >= 4096:  # rule sets of configs reloaded away
         _HEADED.clear()
     found = _HEADED[key] = _Headed(tuple(rules), policies, tuple(i for i, r in enumerate(rules) if not r.shadow), {},
