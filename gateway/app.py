@@ -1,9 +1,10 @@
-"""The composition root: settings -> lifecycle (config, runtime) -> the Starlette application.
+"""The composition root: settings -> lifecycle (config, runtime) -> the worker's application.
 
-The application routes a request that arrived on the admin socket to the admin app
-(gateway/admin/), one on the check socket to the check endpoint (gateway/check.py), and every
-other HTTP request to the proxy endpoint (gateway/endpoint.py); both endpoints take it through the
-pipeline (gateway/pipeline.py). The lifespan opens and closes the pools.
+`Doors` hands a request on the proxy port to the proxy endpoint (gateway/endpoint.py) and one on the
+check port to the check endpoint (gateway/check.py), both of which take it through the pipeline
+(gateway/pipeline.py). Everything else goes to the Starlette application: the admin socket's
+requests to the admin app (gateway/admin/), any other socket's to the proxy endpoint, and the
+lifespan, which opens and closes the pools.
 """
 
 from __future__ import annotations
@@ -47,14 +48,11 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
     accounting = tracing.accounted(Accounting(lifecycle.top))
     endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
     proxy = tracing.served(endpoint, "proxy")
-    routes: list[BaseRoute] = [AdminPort(settings.admin_port, admin_app(lifecycle))]
-    doors = {settings.port: proxy}
+    doors = {settings.port: proxy}  # the check port's requests never reach Starlette: Doors takes them
     if settings.check_port is not None:
-        check = tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")
-        routes.append(AdminPort(settings.check_port, check))
-        doors[settings.check_port] = check
+        doors[settings.check_port] = tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")
     app = Starlette(
-        routes=[*routes, Proxied(proxy)],
+        routes=[AdminPort(settings.admin_port, admin_app(lifecycle)), Proxied(proxy)],
         lifespan=lifecycle.lifespan,
         exception_handlers={Exception: _internal_error},
     )
