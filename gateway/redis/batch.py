@@ -48,7 +48,6 @@ import select
 from collections.abc import Sequence
 from typing import Any
 
-from redis import exceptions as rx
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.errors import RedisTimeout
@@ -77,11 +76,7 @@ async def exchange(connection: AbstractConnection, commands: Sequence[tuple[Arg,
     else:
         packed = [part for command in commands for part in connection.pack_command(*command)]
         await connection.send_packed_command(packed, check_health=False)
-    for _ in commands:
-        try:
-            out.append(await connection.read_response())
-        except rx.ResponseError as exc:
-            out.append(exc)
+    await connection.read_replies(len(commands), out)  # type: ignore[attr-defined]
     return out
 
 
