@@ -1,15 +1,18 @@
 """The composition root: settings -> lifecycle (config, runtime) -> the worker's application.
 
-`Doors` hands a request on the proxy port to the proxy endpoint (gateway/endpoint.py) and one on the
-check port to the check endpoint (gateway/check.py), both of which take it through the pipeline
-(gateway/pipeline.py). Everything else goes to the Starlette application: the admin socket's
-requests to the admin app (gateway/admin/), any other socket's to the proxy endpoint, and the
-lifespan, which opens and closes the pools.
+The check port's requests go to the check endpoint (gateway/check.py) as the server protocol's door
+for that port (`Composed.doors`): called with the request, it returns the whole answer, which the
+server writes at once. `Doors` hands a request on the proxy port to the proxy endpoint
+(gateway/endpoint.py); both endpoints take it through the pipeline (gateway/pipeline.py).
+Everything else goes to the Starlette application: the admin socket's requests to the admin app
+(gateway/admin/), any other socket's to the proxy endpoint, and the lifespan, which opens and
+closes the pools. A server without doors (uvicorn's own protocol, compared in the tests) reaches
+the check endpoint through `Doors` as an ASGI app.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,6 +28,7 @@ from gateway.admin import admin_app
 from gateway.check import CheckEndpoint
 from gateway.config import Config
 from gateway.endpoint import ProxyEndpoint
+from gateway.http.early import Door
 from gateway.lifecycle import Lifecycle
 from gateway.outcome import RequestBounds
 from gateway.responses import problem
@@ -39,6 +43,7 @@ class Composed:
     lifecycle: Lifecycle
     endpoint: ProxyEndpoint  # its `answer_early` is the server protocol's early path
     rls_server: GrpcServer | None = None  # Envoy's rate limit service, on its own socket (--rls-port)
+    doors: dict[int, Door] = field(default_factory=dict)  # the server protocol's: port -> its one endpoint
 
 
 def compose(settings: Settings, config: Config | None = None, transport: str = "lean") -> Composed:
@@ -48,9 +53,12 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
     accounting = tracing.accounted(Accounting(lifecycle.top))
     endpoint = ProxyEndpoint(lifecycle.current, limits, settings.port, accounting)
     proxy = tracing.served(endpoint, "proxy")
-    doors = {settings.port: proxy}  # the check port's requests never reach Starlette: Doors takes them
+    by_port = {settings.port: proxy}  # Doors takes these before Starlette
+    doors: dict[int, Door] = {}
     if settings.check_port is not None:
-        doors[settings.check_port] = tracing.served(CheckEndpoint(lifecycle.current, limits, accounting), "check")
+        check = CheckEndpoint(lifecycle.current, limits, accounting)
+        doors[settings.check_port] = tracing.door(check, "check")
+        by_port[settings.check_port] = tracing.served(check.asgi, "check")
     app = Starlette(
         routes=[AdminPort(settings.admin_port, admin_app(lifecycle)), Proxied(proxy)],
         lifespan=lifecycle.lifespan,
@@ -62,13 +70,13 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
         rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): tracing.rls_call(service.should_rate_limit)},
                                 {HEALTH_CHECK.encode(): lambda body: health(body, lifecycle.current())},
                                 settings.rls_idle_timeout)
-    return Composed(Doors(app, doors), lifecycle, endpoint, rls_server)
+    return Composed(Doors(app, by_port), lifecycle, endpoint, rls_server, doors)
 
 
 class Doors:
-    """The worker's ASGI application. A request on the proxy or check port goes straight to its
-    endpoint: each port has one, so Starlette's router and middleware would only pass it on (a
-    fifth of the check port's CPU). The lifespan, the admin port and any other socket (a unix
+    """The worker's ASGI application. A request on the proxy port (or on the check port, under a
+    server without doors) goes straight to its endpoint: each port has one, so Starlette's router
+    and middleware would only pass it on (a fifth of the check port's CPU). The lifespan, the admin port and any other socket (a unix
     socket, a test's server) go through the Starlette application; an endpoint's exception is the
     server protocol's 500 (gateway/http/server.py), as Starlette's would be."""
 
@@ -104,7 +112,7 @@ _NONE: tuple[Match, Scope] = (Match.NONE, {})
 
 
 class AdminPort(_Endpoint):
-    """Routes a request to `app` when it arrived on `port` (the admin socket, the check socket):
+    """Routes a request to `app` when it arrived on `port` (the admin socket):
     they share the process with the proxy, never the port."""
 
     def __init__(self, port: int, app: ASGIApp) -> None:

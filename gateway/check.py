@@ -48,35 +48,49 @@ CONVENTION = frozenset(_NAMES)
 _BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _METHOD = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}$")  # RFC 9110 5.6.2 token
 _ANSWERED = (b"content-length", b"0")
+_NOTHING_TO_CHECK: tuple[int, Headers, bytes] = (200, [_ANSWERED], b"")
 
 
 class CheckEndpoint:
-    """The check port's ASGI callable, routed by the Starlette app (gateway/app.py)."""
+    """The check port's door (gateway/http/early.py `Door`): the server protocol calls it with the
+    request and writes the whole answer it returns. `asgi` is the same endpoint as an ASGI app, for
+    a server without doors (uvicorn's own protocol, in the comparison the tests run)."""
 
     def __init__(self, current: Callable[[], Runtime | None], limits: RequestBounds, accounting: Accounting) -> None:
         self.current = current
         self.limits = limits
         self.accounting = accounting
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive) -> tuple[int, Headers, bytes] | None:
         runtime = self.current()
         assert runtime is not None, "the lifespan starts the runtime before any request"
         config = runtime.config
-        async with Envelope(runtime, self.accounting, scope) as envelope:
+        with Envelope(runtime, self.accounting, scope) as envelope:
             try:
                 original = envelope.scope = original_scope(scope, config.check_path_prefix, config.check_convention)
             except BadRequest as exc:
                 envelope.result = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, close=True)
-                envelope.status = await send_answer(send, _denied(config, envelope.result))
-                return
-            result = envelope.result = await decide(runtime, original, receive, self.limits)
-            if isinstance(result, Admit):
-                async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
-                    envelope.status = after.status = await send_answer(send, (200, [*result.headers, _ANSWERED], b""))
-            elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
-                envelope.status = await send_answer(send, (200, [_ANSWERED], b""))
-            elif result.outcome is not RequestOutcome.CLIENT_GONE:
-                envelope.status = await send_answer(send, _denied(config, result))
+                answer = _denied(config, envelope.result)
+            else:
+                result = envelope.result = await decide(runtime, original, receive, self.limits)
+                if isinstance(result, Admit):
+                    if result.delay_ms or result.lease is not None or result.settlement is not None:
+                        async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
+                            after.status = 200
+                    answer = 200, [*result.headers, _ANSWERED], b""
+                elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
+                    answer = _NOTHING_TO_CHECK
+                elif result.outcome is RequestOutcome.CLIENT_GONE:
+                    return None
+                else:
+                    answer = _denied(config, result)
+            envelope.status = answer[0]
+            return answer
+
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        answer = await self(scope, receive)
+        if answer is not None:
+            await send_answer(send, answer)
 
 
 def _denied(config: Config, answer: Answer) -> tuple[int, Headers, bytes]:
@@ -140,18 +154,15 @@ def original_scope(scope: Scope, path_prefix: str = "", convention: str = "auto"
     if host is not None:
         headers = [(name, value) for name, value in headers if name != b"host"]
         headers.append((b"host", host))
-    original = dict(scope)
-    original.update({
-        "method": method.decode("ascii").upper(),
-        "raw_path": raw_path,
-        "path": unquote(raw_path.decode("latin-1")),
-        "query_string": query,
-        "headers": headers,
-    })
+    path = raw_path.decode("latin-1")
     proto = one.get(FORWARDED_PROTO, b"").lower()
-    if proto in (b"http", b"https"):
-        original["scheme"] = proto.decode()
-    return original
+    return {
+        "type": "http", "asgi": scope.get("asgi"), "http_version": scope.get("http_version", "1.1"),
+        "server": scope.get("server"), "client": scope.get("client"),
+        "scheme": proto.decode() if proto in (b"http", b"https") else scope.get("scheme", "http"),
+        "method": method.decode("ascii").upper(), "root_path": "", "path": unquote(path) if "%" in path else path,
+        "raw_path": raw_path, "query_string": query, "headers": headers, "state": scope.get("state"),
+    }
 
 
 def _required(one: dict[bytes, bytes], name: bytes) -> bytes:

@@ -25,9 +25,16 @@ async def decide(runtime: Runtime, route: str, rules: list[Rule], keys: list[str
     """The decision for these rules, keys and costs, and whether memory gave it (True) or Redis.
     `any_kinds`: the calendar zones of the one script that takes rules of any kind (the RLS port's
     calls of several rules). Raises RedisUnavailable, counted in gateway_redis_errors_total."""
+    refusals = runtime.refusals
     try:
-        decision, from_memory = await runtime.refusals.decide(rules, keys, costs, partial(
-            runtime.limiter.decide, specs, keys, costs, lease=lease, any_kinds=any_kinds))
+        if refusals.quiet():  # nothing held: straight to Redis, no probe to wait on
+            sent = refusals.clock()
+            decision = await runtime.limiter.decide(specs, keys, costs, lease=lease, any_kinds=any_kinds)
+            refusals.answered(rules, keys, costs, decision, sent)
+            from_memory = False
+        else:
+            decision, from_memory = await refusals.decide(rules, keys, costs, partial(
+                runtime.limiter.decide, specs, keys, costs, lease=lease, any_kinds=any_kinds))
     except RedisUnavailable as exc:
         metrics.REDIS_ERRORS.labels(exc.kind).inc()
         raise

@@ -45,7 +45,7 @@ class ProxyEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.current()
         assert runtime is not None, "the lifespan starts the runtime before any request"
-        async with Envelope(runtime, self.accounting, scope) as envelope:
+        with Envelope(runtime, self.accounting, scope) as envelope:
             result = envelope.result = await decide(runtime, scope, receive, self.limits, guarded=True)
             if isinstance(result, Answer):
                 request_id = envelope.request_id = result.request_id or new_request_id()

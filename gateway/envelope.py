@@ -4,7 +4,7 @@ drain), its result is accounted once (metrics, access log, /top) with the status
 call cancelled on the way (the client left, the drain ended) is accounted 499, and a protected
 upstream's place it held is given back.
 
-    async with Envelope(runtime, accounting, scope) as envelope:
+    with Envelope(runtime, accounting, scope) as envelope:
         envelope.result = await decide(...)
         envelope.status = await send_answer(...)
 """
@@ -35,13 +35,13 @@ class Envelope:
         self.request_id = b""         # b"": a new one is made for the access log
         self.started = 0.0
 
-    async def __aenter__(self) -> Envelope:
+    def __enter__(self) -> Envelope:
         self.runtime.enter()
         self.started = time.perf_counter()
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         try:
             if kind is None or issubclass(kind, asyncio.CancelledError):
                 status = 499 if kind is not None else self.status

@@ -106,7 +106,7 @@ class RateLimitMiddleware:
             await send_answer(send, problem(500, f"the rate limits could not be loaded:\n{self.error}"))
             return
         runtime = self.runtime or await self._start()
-        async with Envelope(runtime, self.accounting, scope) as envelope:
+        with Envelope(runtime, self.accounting, scope) as envelope:
             result = envelope.result = await decide(runtime, scope, receive, self.limits)
             if isinstance(result, Answer):
                 if _passes_to_app(result, runtime, scope):
@@ -145,7 +145,7 @@ class RateLimitMiddleware:
             return
         runtime = self.runtime or await self._start()
         handshake = _handshake(scope)
-        async with Envelope(runtime, self.accounting, handshake) as envelope:
+        with Envelope(runtime, self.accounting, handshake) as envelope:
             result = envelope.result = await decide(runtime, handshake, _no_body, self.limits)
             if isinstance(result, Answer):
                 if _passes_to_app(result, runtime, scope):

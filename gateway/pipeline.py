@@ -17,6 +17,7 @@ which metrics and the access log read.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import NamedTuple
 
 from starlette.types import Receive, Scope
@@ -70,29 +71,42 @@ async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: Reque
         if isinstance(matched, Answer):
             return matched
         step = matched
-        result = await _decide_matched(runtime, step, receive, limits, guarded)
+        if step.plan.needs_body:
+            result = await _decide_with_body(runtime, step, receive, limits, guarded)
+        else:
+            found = _decide_identified(runtime, step, step.request.has_body, guarded)
+            result = found if isinstance(found, Answer) else await found
     result.consumer = step.view.consumer or ""
     return result
 
 
-async def _decide_matched(runtime: Runtime, step: Matched, receive: Receive, limits: RequestBounds,
-                          guarded: bool) -> Admit | Answer:
+async def _decide_with_body(runtime: Runtime, step: Matched, receive: Receive, limits: RequestBounds,
+                            guarded: bool) -> Admit | Answer:
+    """A route whose identities or costs read the body: its first bytes are read before them."""
+    request, _, view = step
+    route = step.plan.route
+    more_body = request.has_body
+    if more_body:
+        try:
+            view.body_prefix, more_body = await _read_prefix(receive, runtime.config.body_digest_max_bytes,
+                                                             limits.body_timeout)
+        except TimeoutError:
+            return _answer(problem(408, "the request body stopped arriving", route=route.name),
+                           RequestOutcome.BAD_REQUEST, request, route=route.name, close=True)
+        if view.body_prefix is None:
+            return _answer((499, [], b""), RequestOutcome.CLIENT_GONE, request, route=route.name)
+        view.body_more = more_body
+    else:
+        view.body_prefix = b""
+    found = _decide_identified(runtime, step, more_body, guarded)
+    return found if isinstance(found, Answer) else await found
+
+
+def _decide_identified(runtime: Runtime, step: Matched, more_body: bool,
+                       guarded: bool) -> Answer | Awaitable[Admit | Answer]:
+    """The request's identities, then its decision to await; an Answer (400) when they cannot be read."""
     request, plan, view = step
     route = plan.route
-    more_body = request.has_body
-    if plan.needs_body:
-        if more_body:
-            try:
-                view.body_prefix, more_body = await _read_prefix(receive, runtime.config.body_digest_max_bytes,
-                                                                 limits.body_timeout)
-            except TimeoutError:
-                return _answer(problem(408, "the request body stopped arriving", route=route.name),
-                               RequestOutcome.BAD_REQUEST, request, route=route.name, close=True)
-            if view.body_prefix is None:
-                return _answer((499, [], b""), RequestOutcome.CLIENT_GONE, request, route=route.name)
-            view.body_more = more_body
-        else:
-            view.body_prefix = b""
     try:
         identified = identify(plan, view, runtime.overrides.get(route.name))
     except IdentityMissing as exc:
@@ -101,15 +115,15 @@ async def _decide_matched(runtime: Runtime, step: Matched, receive: Receive, lim
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc), route=route.name), RequestOutcome.BAD_REQUEST, request,
                        route=route.name)
-    return await _guarded(runtime, plan, request, view, identified, more_body, guarded)
+    return _guarded(runtime, plan, request, view, identified, more_body, guarded)
 
 
-async def _guarded(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
-                   more_body: bool, guarded: bool) -> Admit | Answer:
+def _guarded(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
+             more_body: bool, guarded: bool) -> Awaitable[Admit | Answer]:
     guard = runtime.guards.get(plan.route.name) if guarded and not request.upgrade else None
     if guard is None:
-        return await _limited(runtime, plan, request, view, identified, more_body)
-    return await _in_a_place(guard, runtime, plan, request, view, identified, more_body)
+        return _limited(runtime, plan, request, view, identified, more_body)
+    return _in_a_place(guard, runtime, plan, request, view, identified, more_body)
 
 
 async def _in_a_place(guard: Guard, runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView,

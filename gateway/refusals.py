@@ -150,12 +150,7 @@ class LocalRefusals:
         sent = self.clock()
         try:
             decision = await ask()
-            if decision.admitted:
-                self._admitted(identity, probing)
-            else:
-                # a refusal too short to hold (its last millisecond) leaves the marker: those
-                # arriving meanwhile still ask one at a time, not all at once
-                self.remember(rules, keys, costs, decision, sent)
+            self.answered(rules, keys, costs, decision, sent, probing)
             return decision, False
         finally:
             if probing is not None:
@@ -182,6 +177,23 @@ class LocalRefusals:
         hold, but the remaining they report has changed; forget them."""
         if self.entries:
             self.entries.pop(tuple(keys), None)
+
+    def quiet(self) -> bool:
+        """Is nothing held? Then a request asks Redis and needs no `decide` around it: `answered`
+        after Redis's answer (sent at `clock()`) does what `decide` would."""
+        return not self.entries
+
+    def answered(self, rules: Sequence[Rule], keys: Sequence[str], costs: Sequence[int | None], decision: Decision,
+                 sent: int, probing: _Held | None = None) -> None:
+        """Redis's answer to a request sent at `sent`: a refusal is kept if it holds; an admission
+        ends what was held for its identity."""
+        if decision.admitted:
+            if self.entries:
+                self._admitted(tuple(keys), probing)
+        else:
+            # a refusal too short to hold (its last millisecond) leaves the marker: those
+            # arriving meanwhile still ask one at a time, not all at once
+            self.remember(rules, keys, costs, decision, sent)
 
     def _admitted(self, identity: Keys, probing: _Held | None) -> None:
         if not self.entries:

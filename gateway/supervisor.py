@@ -261,7 +261,7 @@ def server_config(settings: Settings, composed: Composed) -> uvicorn.Config:
 
     options = ServerOptions(max_header_bytes=settings.max_head_bytes, header_timeout=settings.header_timeout,
                             send_timeout=settings.send_timeout,
-                            early_answer=composed.endpoint.answer_early)
+                            early_answer=composed.endpoint.answer_early, doors=composed.doors)
     return ServerConfig(composed.app, options, **uvicorn_options(settings))
 
 

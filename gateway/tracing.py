@@ -33,6 +33,7 @@ log = logging.getLogger("gateway.tracing")
 A = TypeVar("A")  # an Accounting
 L = TypeVar("L")  # a Limiter
 U = TypeVar("U")  # a unary gRPC handler: message bytes -> answer bytes
+D = TypeVar("D")  # a Door: (scope, receive) -> its whole answer
 
 
 def _wanted() -> bool:
@@ -122,6 +123,22 @@ def served(app: ASGIApp, port: str) -> ASGIApp:
 
         app.answer_early = answer_early  # type: ignore[attr-defined]
     return traced
+
+
+def door(answer: D, port: str) -> D:
+    """A port's door (gateway/http/early.py `Door`) with a span per request; `answer` itself when
+    tracing is off."""
+    if not ON:
+        return answer
+    from opentelemetry.trace import SpanKind
+
+    async def traced(scope: Scope, receive: Receive) -> Any:
+        method = scope.get("method", "")
+        with tracer().start_as_current_span(method or "request", context=_client_context(scope), kind=SpanKind.SERVER,
+                                            attributes={"http.request.method": method, "gateway.port": port}):
+            return await answer(scope, receive)  # type: ignore[operator]
+
+    return traced  # type: ignore[return-value]
 
 
 def accounted(accounting: A) -> A:

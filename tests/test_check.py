@@ -60,11 +60,11 @@ routes:
 
 
 def _gateway(tmp_path: Path, redis: RedisProcess, upstream: Upstream, deny: str = "",
-             convention: str = "") -> GatewayProcess:
+             convention: str = "", http: str = "gateway") -> GatewayProcess:
     check_port = free_port()
     config = CONFIG.format(upstream=upstream.url, deny=deny, convention=convention)
     gateway = GatewayProcess(config, tmp_path, redis_url=redis.url,
-                             args=("--check-port", str(check_port)))
+                             args=("--check-port", str(check_port)), http=http)
     gateway.check_url = f"http://127.0.0.1:{check_port}"  # type: ignore[attr-defined]
     gateway.start()
     return gateway
@@ -83,6 +83,22 @@ def gateway(tmp_path: Path, redis: RedisProcess, upstream: Upstream) -> Iterator
     proc = _gateway(tmp_path, redis, upstream)
     yield proc
     assert proc.stop() == 0
+    assert "Traceback" not in proc.log(), proc.log()
+
+
+@pytest.fixture(scope="module", params=["gateway", "uvicorn"])
+def either_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                  upstream: Upstream) -> Iterator[GatewayProcess]:
+    """The check port on the gateway's server (its door: the answer written whole) and on uvicorn's
+    own protocol, which has no doors (the endpoint as an ASGI app): the same answers."""
+    redis = RedisProcess()
+    redis.start()
+    proc = _gateway(tmp_path_factory.mktemp("check"), redis, upstream, http=request.param)
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0
+        redis.stop()
     assert "Traceback" not in proc.log(), proc.log()
 
 
@@ -124,7 +140,9 @@ CONVENTIONS = {"traefik/caddy": traefik, "nginx": nginx, "ingress-nginx": ingres
 
 
 @pytest.mark.parametrize("convention", [*CONVENTIONS, "envoy"])
-def test_each_convention_is_decided_as_the_proxy_port_decides_it(gateway: GatewayProcess, convention: str) -> None:
+def test_each_convention_is_decided_as_the_proxy_port_decides_it(either_server: GatewayProcess,
+                                                                 convention: str) -> None:
+    gateway = either_server
     user = f"user-{convention}"
     statuses = []
     for _ in range(4):

@@ -1,7 +1,8 @@
-"""The early answer's pieces: `EarlyAnswer`, the hook that answers a request without the
-application, and the turns of the event loop a connection answered early then sits out
-(`STEP_ASIDE`, counted by `Turns`), so that a flood answered from memory never fills the turns an
-honest request needs."""
+"""The ways a request is answered without ASGI messages: `EarlyAnswer`, the hook that answers a
+request before the application is entered, and the turns of the event loop a connection answered
+early then sits out (`STEP_ASIDE`, counted by `Turns`), so that a flood answered from memory never
+fills the turns an honest request needs; and `Door`, the one endpoint of a port whose every answer
+is whole (the check port's), called with the request and returning its answer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import logging
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from gateway.http.exchange import Headers
@@ -17,6 +18,10 @@ from gateway.http.exchange import Headers
 STEP_ASIDE = 8  # turns of the event loop a connection answered early waits before it is read again
 
 EarlyAnswer = Callable[[dict[str, Any]], tuple[int, Headers, bytes] | None]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+# A port's one endpoint, when its answers are whole: (scope, receive) -> (status, headers, body),
+# which the server writes as one head and body; None: nothing to send (the client has gone).
+Door = Callable[[dict[str, Any], Receive], Awaitable[tuple[int, Headers, bytes] | None]]
 
 log = logging.getLogger("gateway.http")
 

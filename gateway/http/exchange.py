@@ -162,6 +162,25 @@ class Exchange:
             self.wake()  # a receive() waiting for the client's going ends with the answer
             conn.response_done(self)
 
+    def answer(self, status: int, headers: Headers, body: bytes) -> None:
+        """A whole answer (a door's), framed as `send` frames it, written at once."""
+        if self.disconnected or self.response_complete or self.response_started:
+            return
+        self.response_started = True
+        self.expect_100 = False
+        head = self._head(status, headers)
+        if self.bodiless:
+            body = b""
+        elif self.left >= 0 and len(body) != self.left:
+            raise RuntimeError("response body and its Content-Length differ")
+        elif self.chunked:
+            body = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+        self.left = -1
+        self.conn.transport.write(head + body)
+        self.response_complete = True
+        self.wake()
+        self.conn.response_done(self)
+
     async def accept_upgrade(self, headers: Headers) -> UpgradedStream:
         """Switch protocols: 101 with `headers`, then the client's connection as raw bytes."""
         conn = self.conn

@@ -26,8 +26,10 @@ connection ends when the app returns. An app that answers anything else sends an
 response, after which the connection closes: bytes sent after an Upgrade head are only ever read
 as a tunnel, and only once the app accepted. On uvicorn's graceful shutdown an open tunnel is left
 to run until the drain timeout, when uvicorn cancels its task and the connection closes.
-Its settings and the early-answer hook come through uvicorn's config (`ServerConfig`), which
-uvicorn hands to every connection's protocol. One timer per connection covers the head and
+Its settings, the early-answer hook and the doors come through uvicorn's config (`ServerConfig`),
+which uvicorn hands to every connection's protocol. A port with a door (the check port) has its
+requests answered by that callable, whose whole answer is written at once: no ASGI app, no ASGI
+messages. One timer per connection covers the head and
 keep-alive timeouts; it is armed when none is pending and, when it fires, sleeps again for
 whatever is left, so a request arms none.
 
@@ -44,13 +46,14 @@ import asyncio
 import logging
 import urllib.parse
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httptools
 import uvicorn
 
-from gateway.http.early import STEP_ASIDE, EarlyAnswer, Turns
+from gateway.http.early import STEP_ASIDE, Door, EarlyAnswer, Turns
 from gateway.http.exchange import ASGI, UPGRADE, Exchange, head_lines, problem_bytes
 from gateway.http.flow_control import READ_HIGH_WATER, FlowControl
 from gateway.http.upgraded import UpgradedStream
@@ -74,6 +77,8 @@ class ServerOptions:
     # answer (not HEAD, no Expect): a whole answer (status, headers, a body its Content-Length
     # frames) is sent at once, with no task and no ASGI messages; None: the application serves it.
     early_answer: EarlyAnswer | None = None
+    # Listening ports whose requests a Door answers, not the application (the check port's).
+    doors: Mapping[int, Door] = field(default_factory=dict)
 
 
 class ServerConfig(uvicorn.Config):
@@ -99,6 +104,8 @@ class HttpProtocol(asyncio.Protocol):
         self.header_timeout = options.header_timeout
         self.send_timeout = options.send_timeout
         self.early_answer = options.early_answer
+        self.doors = options.doors
+        self.door: Door | None = None  # this connection's port's, if it has one
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
         self.connections: set[Any] = server_state.connections
@@ -153,6 +160,8 @@ class HttpProtocol(asyncio.Protocol):
         sockname = transport.get_extra_info("sockname")
         peername = transport.get_extra_info("peername")
         self.server = (str(sockname[0]), int(sockname[1])) if isinstance(sockname, tuple) else None
+        if self.server is not None and self.doors:
+            self.door = self.doors.get(self.server[1])
         self.client = (str(peername[0]), int(peername[1])) if isinstance(peername, tuple) else None
         self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
         self.idle_since = self.loop.time()
@@ -347,8 +356,8 @@ class HttpProtocol(asyncio.Protocol):
         if upgrade:
             scope["extensions"] = {UPGRADE: {"accept": exchange.accept_upgrade}}
         if self.exchange is None or self.exchange.response_complete:
-            if (self.early_answer is None or self.expect_100 or not exchange.keep_alive or scope["method"] == "HEAD"
-                    or not self._answer_early(exchange)):
+            if (self.early_answer is None or self.door is not None or self.expect_100 or not exchange.keep_alive
+                    or scope["method"] == "HEAD" or not self._answer_early(exchange)):
                 self._start(exchange)
         else:  # pipelined behind a response still in progress
             if len(self.pipeline) >= MAX_PIPELINED:  # one read could queue thousands: MiBs a connection
@@ -441,7 +450,13 @@ class HttpProtocol(asyncio.Protocol):
             return  # the parser refused it (a malformed body in the read that carried its head)
         exchange.entered = True
         try:
-            await self.app(exchange.scope, exchange.receive, exchange.send)
+            door = self.door
+            if door is None:
+                await self.app(exchange.scope, exchange.receive, exchange.send)
+            else:
+                answer = await door(exchange.scope, exchange.receive)
+                if answer is not None:
+                    exchange.answer(*answer)
         except asyncio.CancelledError:
             if self.tunnel is not None:  # a tunnel still open at the end of the drain timeout
                 self.transport.close()
