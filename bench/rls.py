@@ -322,12 +322,18 @@ def envoy_runs(procs: run.Processes, tmp: Path, duration: float, upstream_port: 
     rows: dict[str, dict[str, Any]] = {}
     load = run.Load(2, 50, duration, min(1.0, duration))
 
-    def measure(url: str) -> dict[str, Any]:
+    def measure(url: str, envoy: list[int], worker: list[int]) -> dict[str, Any]:
+        """wrk's numbers, and the CPU per request of Envoy's process and of the gateway's worker."""
         run.wrk(url, run.Load(2, 50, load.warmup, 0), load.warmup)
+        before = run.cpu_seconds(envoy), run.cpu_seconds(worker)
         result = run.wrk(url, load, duration)
+        spent = run.cpu_seconds(envoy) - before[0], run.cpu_seconds(worker) - before[1]
         errors = result["errors"]
-        return {"rps": round(result["requests"] / (result["duration_us"] / 1e6)),
+        requests = max(result["requests"], 1)
+        return {"rps": round(requests / (result["duration_us"] / 1e6)),
                 "p50_us": result["latency_us"]["p50"],
+                "envoy_cpu_us": round(spent[0] / requests * 1e6, 1) if envoy else None,
+                "gateway_cpu_us": round(spent[1] / requests * 1e6, 1) if worker else None,
                 "errors": errors["status"] + errors["connect"] + errors["read"] + errors["timeout"]}
 
     rls_port = run.free_port()
@@ -342,15 +348,16 @@ def envoy_runs(procs: run.Processes, tmp: Path, duration: float, upstream_port: 
         "generic_key: {descriptor_key: site, descriptor_value: main}",
         "generic_key: {descriptor_key: global, descriptor_value: all}")
     envoy = start_envoy(procs, tmp, "envoy-rls", config, port)
-    rows["Envoy + the gateway's RLS (1 + 1 worker)"] = measure(f"http://127.0.0.1:{port}")
+    worker = gateway.notes["worker_pids"]
+    rows["Envoy + the gateway's RLS (1 + 1 worker)"] = measure(f"http://127.0.0.1:{port}", [envoy.pid], worker)
     assert gateway.metrics_url is not None
     rows["Envoy + the gateway's RLS (1 + 1 worker)"]["rls"] = rls_results(gateway.metrics_url)
     procs.stop(envoy)
-    rows["the gateway's proxy port alone (1 worker)"] = measure(gateway.url)
+    rows["the gateway's proxy port alone (1 worker)"] = measure(gateway.url, [], worker)
     procs.stop(gateway.process)
     port = run.free_port()
     envoy = start_envoy(procs, tmp, "envoy-local", envoy_local_ratelimit_config(port, upstream_port), port)
-    rows["Envoy local_ratelimit alone (1 worker)"] = measure(f"http://127.0.0.1:{port}")
+    rows["Envoy local_ratelimit alone (1 worker)"] = measure(f"http://127.0.0.1:{port}", [envoy.pid], [])
     procs.stop(envoy)
     return rows
 
@@ -397,9 +404,15 @@ def table(report: dict[str, Any]) -> list[str]:
               f"**{report['decisions']['atomicity']['b_admitted']}** of 3 (all or nothing: 2; "
               "envoyproxy/ratelimit, which counts A's refused calls on the site too: 0).",
               "", "**Through Envoy** (wrk -t2 -c50, the same upstream):", "",
-              "| | requests/s | p50 | error statuses |", "| --- | ---: | ---: | ---: |"]
+              "| | requests/s | p50 | Envoy CPU/request | gateway worker CPU/request | error statuses |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+
+    def cpu(value: float | None) -> str:
+        return "" if value is None else f"{value:.0f} µs"
+
     for label, row in report["envoy"].items():
-        lines.append(f"| {label} | {row['rps']} | {row['p50_us']} µs | {row['errors']} |")
+        lines.append(f"| {label} | {row['rps']} | {row['p50_us']} µs | {cpu(row.get('envoy_cpu_us'))} | "
+                     f"{cpu(row.get('gateway_cpu_us'))} | {row['errors']} |")
     return lines
 
 
