@@ -76,9 +76,10 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
 class Doors:
     """The worker's ASGI application. A request on the proxy port (or on the check port, under a
     server without doors) goes straight to its endpoint: each port has one, so Starlette's router
-    and middleware would only pass it on (a fifth of the check port's CPU). The lifespan, the admin port and any other socket (a unix
-    socket, a test's server) go through the Starlette application; an endpoint's exception is the
-    server protocol's 500 (gateway/http/server.py), as Starlette's would be."""
+    and middleware would only pass it on (a fifth of the check port's CPU). The lifespan, the admin
+    port and any other socket (a unix socket, a test's server) go through the Starlette
+    application; an endpoint's exception is the server protocol's 500 (gateway/http/server.py), as
+    Starlette's would be."""
 
     def __init__(self, app: Starlette, by_port: dict[int, ASGIApp]) -> None:
         self.app = app
