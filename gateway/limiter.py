@@ -142,6 +142,8 @@ class Limiter:
         self.shapes: dict[tuple[tuple[RuleSpec, ...], frozenset[int], bool], DecisionScript] = {}
         # rules of any kinds (the RLS port's calls): one script per set of calendars, of the config
         self.generic: dict[tuple[str, ...], tuple[DecisionScript, dict[Kind, int]]] = {}
+        # ... and a call's ARGV for its rules, packed once per shape (bounded: the numbers are the callers')
+        self.generic_calls: dict[tuple[tuple[str, ...], tuple[RuleSpec, ...]], DecisionScript] = {}
 
     @property
     def breaker_state(self) -> BreakerState:
@@ -275,7 +277,14 @@ class Limiter:
         if known is None:
             known = self.generic[calendars] = (generic_script(calendars), generic_kinds(calendars))
         script, kinds = known
-        return DecisionScript(script.script, generic_layout(len(specs)), generic_params(specs, kinds))
+        key = (calendars, tuple(specs))
+        found = self.generic_calls.get(key)
+        if found is None:  # a call's shape (its rules' kinds and numbers): the same for most calls
+            if len(self.generic_calls) >= MAX_SCRIPTS:
+                self.generic_calls.clear()
+            found = self.generic_calls[key] = DecisionScript(script.script, generic_layout(len(specs)),
+                                                             generic_params(specs, kinds))
+        return found
 
     async def run_script(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
         """Run one of the overrides' store scripts (gateway/overrides.py); Redis errors as
