@@ -787,7 +787,7 @@ def test_a_call_of_every_rule_in_the_files_order_runs_the_routes_own_script(tmp_
     server.start()
     rls = start_rls(tmp_path, server.url, {}, PAIR_CONFIG)
     info = server.client()
-    any_kinds = generic_script(()).script.sha
+    any_kinds = generic_script(()).script.sha.decode()
     try:
         for first, second, order in ((("user", "A"), ("site", "S"), "file"), (("site", "T"), ("user", "C"), "other")):
             answers = [rls.client.ask("pair", [first], [second]).overall_code for _ in range(5)]
