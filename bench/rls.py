@@ -76,12 +76,23 @@ import uvloop
 async def echo(message):
     return message
 
+OK = b""
+
+async def ok(message):  # a RateLimitResponse saying OK, whatever was asked: an RLS that costs nothing
+    return OK
+
 async def main(kind, port):
-    if kind in ("lean", "h2"):
+    if kind in ("lean", "h2", "ok-rls"):
         import socket
         from gateway.rls.http2 import H2Engine, Ngh2Engine
         from gateway.rls.server import GrpcServer
-        server = GrpcServer({b"/bench.Echo/Call": echo}, {}, engine=Ngh2Engine if kind == "lean" else H2Engine)
+        if kind == "ok-rls":
+            global OK
+            from gateway.rls import messages as pb
+            OK = pb.RateLimitResponse(overall_code=pb.OK).SerializeToString()
+            server = GrpcServer({b"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit": ok}, {})
+        else:
+            server = GrpcServer({b"/bench.Echo/Call": echo}, {}, engine=Ngh2Engine if kind == "lean" else H2Engine)
         sock = socket.socket(); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port)); sock.listen(1024)
         await server.start(sock)
@@ -336,18 +347,20 @@ def envoy_runs(procs: run.Processes, tmp: Path, duration: float, upstream_port: 
                 "gateway_cpu_us": round(spent[1] / requests * 1e6, 1) if worker else None,
                 "errors": errors["status"] + errors["connect"] + errors["read"] + errors["timeout"]}
 
+    def rls_config(port: int, rls_port: int) -> str:
+        """The tests' recipe (domain `bench`: its user, remote_address and global descriptors)."""
+        return envoy_rls_config(port, rls_port, "127.0.0.1", upstream_port, "bench", False).replace(
+            "- request_headers: {header_name: x-user-id, descriptor_key: user}",
+            "- request_headers: {header_name: x-user-id, descriptor_key: user}\n"
+            "              - actions:\n"
+            "                - remote_address: {}").replace(
+            "generic_key: {descriptor_key: site, descriptor_value: main}",
+            "generic_key: {descriptor_key: global, descriptor_value: all}")
+
     rls_port = run.free_port()
     gateway = start_gateway(procs, tmp, "gateway-envoy", upstream_port, redis_port, rls_port, None, ["-m", "gateway"])
     port = run.free_port()
-    # the tests' recipe (domain `bench`: its user, remote_address and global descriptors)
-    config = envoy_rls_config(port, rls_port, "127.0.0.1", upstream_port, "bench", False).replace(
-        "- request_headers: {header_name: x-user-id, descriptor_key: user}",
-        "- request_headers: {header_name: x-user-id, descriptor_key: user}\n"
-        "              - actions:\n"
-        "                - remote_address: {}").replace(
-        "generic_key: {descriptor_key: site, descriptor_value: main}",
-        "generic_key: {descriptor_key: global, descriptor_value: all}")
-    envoy = start_envoy(procs, tmp, "envoy-rls", config, port)
+    envoy = start_envoy(procs, tmp, "envoy-rls", rls_config(port, rls_port), port)
     worker = gateway.notes["worker_pids"]
     rows["Envoy + the gateway's RLS (1 + 1 worker)"] = measure(f"http://127.0.0.1:{port}", [envoy.pid], worker)
     assert gateway.metrics_url is not None
@@ -355,6 +368,19 @@ def envoy_runs(procs: run.Processes, tmp: Path, duration: float, upstream_port: 
     procs.stop(envoy)
     rows["the gateway's proxy port alone (1 worker)"] = measure(gateway.url, [], worker)
     procs.stop(gateway.process)
+    # the ceiling: Envoy's own share, with an RLS that answers OK at once (no decision, no Redis)
+    script = tmp / "ok_rls_server.py"
+    script.write_text(ECHO_SERVER)
+    free = run.free_port()
+    server = procs.start("ok-rls", [sys.executable, str(script), "ok-rls", str(free)],
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    run.wait_for(lambda: _listening(free), "listening", server, procs, "ok-rls")
+    port = run.free_port()
+    envoy = start_envoy(procs, tmp, "envoy-ok-rls", rls_config(port, free), port)
+    rows["Envoy + an RLS that decides nothing (a constant OK on the gateway's HTTP/2 server)"] = measure(
+        f"http://127.0.0.1:{port}", [envoy.pid], [server.pid])
+    procs.stop(envoy)
+    procs.stop(server)
     port = run.free_port()
     envoy = start_envoy(procs, tmp, "envoy-local", envoy_local_ratelimit_config(port, upstream_port), port)
     rows["Envoy local_ratelimit alone (1 worker)"] = measure(f"http://127.0.0.1:{port}", [envoy.pid], [])
