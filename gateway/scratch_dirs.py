@@ -21,8 +21,12 @@ def scratch_dir(prefix: str, under: str | None = None) -> str:
     """A new directory `<tmp>/<prefix>XXXXXXXX` (or under `under`), locked while this process runs."""
     sweep(prefix, under)
     path = tempfile.mkdtemp(prefix=prefix, dir=under)
-    fd = os.open(os.path.join(path, OWNER), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    # locked under another name, then renamed: another process's sweep never sees an owner file
+    # nobody holds yet (it would take the lock and remove the directory being made)
+    claim = os.path.join(path, OWNER + ".new")
+    fd = os.open(claim, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(claim, os.path.join(path, OWNER))
     _held[path] = fd
     return path
 

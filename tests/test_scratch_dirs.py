@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from gateway import scratch_dirs
 from tests.support.orphans import started
 
 OWN_ONE = ("import sys, tempfile\ntempfile.tempdir = sys.argv[1]\n"
@@ -40,3 +43,25 @@ def test_a_killed_owners_directory_goes_and_a_running_owners_stays(tmp_path: Pat
         for process in owners:
             process.kill()
             process.communicate()
+
+
+def test_a_sweep_at_the_instant_a_directory_is_made_leaves_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight gateways starting together: one's sweep ran between another's creating its owner file
+    and locking it, took the free lock and removed the directory (a worker then failed to start:
+    its metrics file's directory was gone). The sweep here runs at that instant."""
+    monkeypatch.setattr(scratch_dirs.tempfile, "tempdir", str(tmp_path))
+    lock = scratch_dirs.fcntl.flock
+
+    def sweeping_first(fd: int, operation: int) -> None:
+        scratch_dirs.sweep("gateway-race-")  # another process's sweep (flock: one open file against another)
+        lock(fd, operation)
+
+    monkeypatch.setattr(scratch_dirs.fcntl, "flock", sweeping_first)
+    made = Path(scratch_dirs.scratch_dir("gateway-race-"))
+    monkeypatch.setattr(scratch_dirs.fcntl, "flock", lock)
+    try:
+        assert made.is_dir() and (made / scratch_dirs.OWNER).exists()
+        scratch_dirs.sweep("gateway-race-")  # held: a later sweep leaves it too
+        assert made.is_dir()
+    finally:
+        scratch_dirs.remove(str(made))
