@@ -3,10 +3,12 @@ never while its owner runs."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,16 +51,16 @@ def test_a_sweep_at_the_instant_a_directory_is_made_leaves_it(tmp_path: Path, mo
     """Eight gateways starting together: one's sweep ran between another's creating its owner file
     and locking it, took the free lock and removed the directory (a worker then failed to start:
     its metrics file's directory was gone). The sweep here runs at that instant."""
-    monkeypatch.setattr(scratch_dirs.tempfile, "tempdir", str(tmp_path))
-    lock = scratch_dirs.fcntl.flock
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lock = fcntl.flock
 
     def sweeping_first(fd: int, operation: int) -> None:
         scratch_dirs.sweep("gateway-race-")  # another process's sweep (flock: one open file against another)
         lock(fd, operation)
 
-    monkeypatch.setattr(scratch_dirs.fcntl, "flock", sweeping_first)
+    monkeypatch.setattr(fcntl, "flock", sweeping_first)
     made = Path(scratch_dirs.scratch_dir("gateway-race-"))
-    monkeypatch.setattr(scratch_dirs.fcntl, "flock", lock)
+    monkeypatch.setattr(fcntl, "flock", lock)
     try:
         assert made.is_dir() and (made / scratch_dirs.OWNER).exists()
         scratch_dirs.sweep("gateway-race-")  # held: a later sweep leaves it too
