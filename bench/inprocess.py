@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""What one decision costs the worker's Python, with no sockets between: `python bench/inprocess.py`.
+
+The worker's own parts (gateway/http/server.py's protocol, the app from gateway/app.py, redis-py to a
+real redis-server) serve 50 connections whose transports are in-process objects: each round, every
+connection is fed the check request bench/check.lua sends and the round ends when all 50 are
+answered, so their decisions share Redis batches as at 50 connections under wrk. What the kernel
+and wrk cost is out of it; what is left is the Python a decision runs, which is what the floor's
+multiple is made of.
+
+    check     the check port, bench/run.py's 3-rule route (as bench/check.py asks it)
+    proxy     the proxy port, the same route, forwarding to nginx (bench/run.py's upstream)
+    server    the same server and door with a door that answers at once (the server's own share)
+    engine    Limiter.decide on keys read once (the engine alone, 50 calls gathered per round)
+
+CPU time moves with the VM from run to run: each run reports the minimum and median over segments
+of 100 rounds. `--callgrind` counts instructions instead (valgrind, two runs of different lengths,
+their difference per request), which do not move: compare revisions with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+import run  # noqa: E402  (bench/run.py: processes, redis-server, the 3-rule route)
+
+CONNECTIONS = 50
+CHECK_PORT, PROXY_PORT = 8081, 8080
+REQUEST = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8081\r\nX-User-Id: bench-user\r\nX-Forwarded-Method: GET\r\n"
+           b"X-Forwarded-Uri: /api/items/42\r\nX-Forwarded-Host: bench\r\n\r\n")
+FORWARDED = b"GET /api/items/42 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nX-User-Id: bench-user\r\n\r\n"
+KINDS = ("server", "engine", "check", "proxy")
+
+
+class _Served:
+    """uvicorn's server state, as the protocol uses it; `done` resolves when `target` answers are in."""
+
+    def __init__(self) -> None:
+        self.connections: set[Any] = set()
+        self.tasks: set[Any] = set()
+        self.answered = 0
+        self.target = 0
+        self.done: asyncio.Future[None] | None = None
+
+    @property
+    def total_requests(self) -> int:
+        return self.answered
+
+    @total_requests.setter
+    def total_requests(self, value: int) -> None:
+        self.answered = value
+        if value >= self.target and self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
+class _Transport:
+    """A client connection in memory: what is written is kept (the last answer), nothing is sent."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.last = b""
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.last = data
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", self.port), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+
+
+def _segments(total_rounds: int) -> int:
+    return max(1, total_rounds // 100)
+
+
+async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: int) -> list[float]:
+    from gateway.app import compose
+    from gateway.config.loader import load_config
+    from gateway.http.server import HttpProtocol
+    from gateway.settings import Settings
+    from gateway.supervisor import server_config
+
+    settings = Settings(port=PROXY_PORT, check_port=CHECK_PORT, admin_port=9099, redis_url=redis_url,
+                        config_path=str(config), log_level="warning")
+    composed = compose(settings, load_config(config))
+    served = server_config(settings, composed)
+    served.load()
+    if what == "server":
+        async def at_once(scope: Any, receive: Any) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+            return 200, [(b"content-length", b"0")], b""
+
+        options = served.options  # type: ignore[attr-defined]
+        served.options = type(options)(**{**options.__dict__, "doors": {CHECK_PORT: at_once}})  # type: ignore[attr-defined]
+    state = _Served()
+    async with composed.lifecycle.lifespan(None):
+        if what == "engine":
+            return await _engine(composed, rounds, warmup)
+        port, request = (PROXY_PORT, FORWARDED) if what == "proxy" else (CHECK_PORT, REQUEST)
+        transports = [_Transport(port) for _ in range(CONNECTIONS)]
+        protocols = []
+        for transport in transports:
+            protocol = HttpProtocol(served, state, {})
+            protocol.connection_made(transport)  # type: ignore[arg-type]
+            protocols.append(protocol)
+
+        async def one_round() -> None:
+            state.target = state.answered + CONNECTIONS
+            state.done = asyncio.get_running_loop().create_future()
+            for protocol in protocols:
+                protocol.data_received(request)
+            await state.done
+
+        for _ in range(warmup):
+            await one_round()
+        answer = transports[0].last
+        if not answer.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"the request was not admitted: {answer[:300]!r}")
+        return await _timed(one_round, rounds)
+
+
+async def _engine(composed: Any, rounds: int, warmup: int) -> list[float]:
+    from gateway.check import original_scope
+    from gateway.http.request import read_request
+    from gateway.identity import RequestView
+    from gateway.pipeline import identify
+
+    runtime = composed.lifecycle.current()
+    plan = runtime.plans["bench"]
+    headers = [(b"host", b"127.0.0.1:8081"), (b"x-user-id", b"bench-user"), (b"x-forwarded-method", b"GET"),
+               (b"x-forwarded-uri", b"/api/items/42"), (b"x-forwarded-host", b"bench")]
+    scope = {"type": "http", "http_version": "1.1", "server": ("127.0.0.1", CHECK_PORT), "client": ("127.0.0.1", 1),
+             "scheme": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": headers}
+    request = read_request(original_scope(scope))
+    _, keys, costs, specs, _, _ = identify(plan, RequestView(request, {}, runtime.config, runtime.jwt))
+
+    async def one_round() -> None:
+        await asyncio.gather(*[runtime.limiter.decide(specs, keys, costs) for _ in range(CONNECTIONS)])
+
+    for _ in range(warmup):
+        await one_round()
+    return await _timed(one_round, rounds)
+
+
+async def _timed(one_round: Any, rounds: int) -> list[float]:
+    """µs of this process's CPU per request, per segment of 100 rounds."""
+    segments = []
+    for _ in range(_segments(rounds)):
+        started = time.process_time()
+        for _ in range(100):
+            await one_round()
+        segments.append((time.process_time() - started) / (100 * CONNECTIONS) * 1e6)
+    return sorted(segments)
+
+
+def _callgrind(what: str, redis_url: str, config: Path, tmp: Path) -> float:
+    """Instructions per request: two runs under callgrind, 100 and 300 rounds, their difference."""
+    counts = []
+    for rounds in (100, 300):
+        out = tmp / f"callgrind.{what}.{rounds}"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                        what, "--rounds", str(rounds), "--warmup", "20", "--redis-url", redis_url,
+                        "--config", str(config)], check=True, capture_output=True)
+        summary = next(line for line in out.read_text(errors="replace").splitlines()
+                       if line.startswith(("summary:", "totals:")))
+        counts.append(int(summary.split()[1]))
+    return (counts[1] - counts[0]) / (200 * CONNECTIONS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", nargs="*", help="server, engine, check, proxy (default: all)")
+    parser.add_argument("--rounds", type=int, default=2000, help="rounds of 50 requests measured (2000)")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of CPU time")
+    parser.add_argument("--redis-url", help=argparse.SUPPRESS)  # a run under callgrind: the parent's Redis
+    parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.what = args.what or list(KINDS)
+    unknown = set(args.what) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown: {', '.join(sorted(unknown))}")
+    import uvloop
+
+    if args.redis_url:  # one measurement, for the parent
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        for what in args.what:
+            asyncio.run(_serve(what, args.redis_url, args.config, args.rounds, args.warmup))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-inprocess-") as tmpdir:
+        tmp = Path(tmpdir)
+        (tmp / "logs").mkdir()
+        procs = run.Processes(tmp / "logs")
+        try:
+            port, upstream = run.free_port(), run.free_port()
+            run.start_redis(procs, tmp / "redis", port)
+            run.start_nginx(procs, "upstream", tmp / "upstream", upstream, 1, run.upstream_server(upstream))
+            redis_url = f"redis://127.0.0.1:{port}"
+            config = tmp / "routes.yaml"
+            # the bench's 3-rule route; budgets valgrind's slowness cannot miss
+            config.write_text(run.GATEWAY_CONFIG.format(upstream_port=upstream).replace("timeout: 50ms", "timeout: 5s")
+                              .replace("timeout: 10s", "timeout: 60s"))
+            for what in args.what:
+                if args.callgrind:
+                    print(f"{what}: {_callgrind(what, redis_url, config, tmp):,.0f} instructions per request")
+                    continue
+                asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+                found = asyncio.run(_serve(what, redis_url, config, args.rounds, args.warmup))
+                print(f"{what}: {found[0]:.1f} µs of CPU per request at least, {found[len(found) // 2]:.1f} "
+                      f"the median of {len(found)} segments of {100 * CONNECTIONS} requests")
+        finally:
+            procs.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GATEWAY_LOG_LEVEL", "warning")
+    sys.exit(main())
