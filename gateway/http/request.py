@@ -24,6 +24,7 @@ protocol drops them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -284,7 +285,22 @@ def _override(first: dict[bytes, bytes], repeated: set[bytes]) -> str | None:
 def canonical_host(value: bytes, scheme: str) -> bytes:
     """The authority as every upstream and resolver reads it: lowercase, the DNS root's trailing
     dot dropped, no port when it is the scheme's default. 400 for what is not a host, and for what
-    resolvers may read two ways (an empty label, a percent-escape)."""
+    resolvers may read two ways (an empty label, a percent-escape). A host of a length any name has
+    is remembered: a gateway's requests carry a handful of hosts (a refusal is never remembered)."""
+    if len(value) <= _REMEMBERED_HOST:
+        return _remembered_host(value, scheme)
+    return _canonical_host(value, scheme)
+
+
+_REMEMBERED_HOST = 262  # a DNS name's 253 bytes, a port and brackets
+
+
+@functools.lru_cache(maxsize=1024)
+def _remembered_host(value: bytes, scheme: str) -> bytes:
+    return _canonical_host(value, scheme)
+
+
+def _canonical_host(value: bytes, scheme: str) -> bytes:
     if not _HOST.match(value):
         raise BadRequest("the Host header is not a host")
     host, port = value.lower(), b""
