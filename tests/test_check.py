@@ -86,33 +86,31 @@ def gateway(tmp_path: Path, redis: RedisProcess, upstream: Upstream) -> Iterator
     assert "Traceback" not in proc.log(), proc.log()
 
 
+def _own_redis_gateway(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream,
+                       http: str = "gateway") -> Iterator[GatewayProcess]:
+    """A module's gateway with a Redis of its own, both stopped at the end."""
+    redis = RedisProcess()
+    redis.start()
+    proc = _gateway(tmp_path_factory.mktemp("check"), redis, upstream, http=http)
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0
+        redis.stop()
+    assert "Traceback" not in proc.log(), proc.log()
+
+
 @pytest.fixture(scope="module", params=["gateway", "uvicorn"])
 def either_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                   upstream: Upstream) -> Iterator[GatewayProcess]:
     """The check port on the gateway's server (its door: the answer written whole) and on uvicorn's
     own protocol, which has no doors (the endpoint as an ASGI app): the same answers."""
-    redis = RedisProcess()
-    redis.start()
-    proc = _gateway(tmp_path_factory.mktemp("check"), redis, upstream, http=request.param)
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0
-        redis.stop()
-    assert "Traceback" not in proc.log(), proc.log()
+    yield from _own_redis_gateway(tmp_path_factory, upstream, http=request.param)
 
 
 @pytest.fixture(scope="module")
 def shared_gateway(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream) -> Iterator[GatewayProcess]:
-    redis = RedisProcess()
-    redis.start()
-    proc = _gateway(tmp_path_factory.mktemp("check"), redis, upstream)
-    try:
-        yield proc
-    finally:
-        assert proc.stop() == 0
-        redis.stop()
-    assert "Traceback" not in proc.log(), proc.log()
+    yield from _own_redis_gateway(tmp_path_factory, upstream)
 
 
 def check(gateway: GatewayProcess, headers: dict[str, str] | list[tuple[str, str]], path: str = "/",
