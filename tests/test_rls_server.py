@@ -328,7 +328,10 @@ def _ping(raw: Raw) -> bool:
         raw.flush()
     except (BrokenPipeError, ConnectionResetError, h2.exceptions.ProtocolError):
         return False
-    for event in raw.events(time.monotonic() + 5):
+    # a quarter of the idle time at most: the loop that pings two connections must still call on
+    # the third well within IDLE, or the server closes that one too, rightly (a late ACK is read by
+    # the next ping, a GOAWAY by the next read)
+    for event in raw.events(time.monotonic() + IDLE / 4):
         if event == "closed" or isinstance(event, h2.events.ConnectionTerminated):
             return False
         if isinstance(event, h2.events.PingAckReceived):
