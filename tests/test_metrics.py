@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,21 @@ def samples(gateway: GatewayProcess) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def _shows(gateway: GatewayProcess, expected: Mapping[str, float]) -> None:
+    """Wait until /metrics shows every expected sample (workers flush now and then); else fail with
+    the ones that differ."""
+
+    def matches() -> bool:
+        seen = samples(gateway)
+        return all(seen.get(name) == value for name, value in expected.items())
+
+    try:
+        wait_until(matches, timeout=5, interval=0.2)
+    except TimeoutError:
+        seen = samples(gateway)
+        raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
 
 
 def test_counts_after_known_traffic(tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> None:
@@ -73,15 +89,7 @@ def test_counts_after_known_traffic(tmp_path: Path, redis_proc: RedisProcess, up
             "gateway_config_routes": 2,
         }
 
-        def matches() -> bool:
-            seen = samples(gateway)
-            return all(seen.get(name) == value for name, value in expected.items())
-
-        try:
-            wait_until(matches, timeout=5, interval=0.2)
-        except TimeoutError:
-            seen = samples(gateway)
-            raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
+        _shows(gateway, expected)
     finally:
         assert gateway.stop() == 0
 
@@ -128,15 +136,7 @@ def test_every_request_is_counted_once_unknown_keys_and_unrouted_ones_included(
             'gateway_responses_total{route="",status="404"}': 1,
         }
 
-        def matches() -> bool:
-            seen = samples(gateway)
-            return all(seen.get(name) == value for name, value in expected.items())
-
-        try:
-            wait_until(matches, timeout=5, interval=0.2)
-        except TimeoutError:
-            seen = samples(gateway)
-            raise AssertionError({k: (seen.get(k), v) for k, v in expected.items() if seen.get(k) != v}) from None
+        _shows(gateway, expected)
         def total() -> float:  # each worker flushes its counts now and then: the admitted one may come last
             return sum(v for k, v in samples(gateway).items() if k.startswith("gateway_requests_total{"))
 

@@ -53,6 +53,11 @@ def head_lines(status: int, headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(parts)
 
 
+def _chunk(body: bytes, more: bool) -> bytes:
+    """`body` as a chunk of a chunked body (none when empty), and the last chunk unless `more`."""
+    return (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
+
+
 def problem_bytes(status: int, detail: str) -> bytes:
     """A problem answer after which the connection ends."""
     status, headers, body = problem(status, detail)
@@ -144,10 +149,7 @@ class Exchange:
             if len(body) > self.left:
                 raise RuntimeError("response body longer than its Content-Length")
             self.left -= len(body)
-        if self.chunked:
-            data = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + (b"" if more else b"0\r\n\r\n")
-        else:
-            data = body
+        data = _chunk(body, more) if self.chunked else body
         if self.pending_head:
             data, self.pending_head = self.pending_head + data, b""
         if data:
@@ -174,7 +176,7 @@ class Exchange:
         elif self.left >= 0 and len(body) != self.left:
             raise RuntimeError("response body and its Content-Length differ")
         elif self.chunked:
-            body = (b"%x\r\n%b\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+            body = _chunk(body, False)
         self.left = -1
         self.conn.transport.write(head + body)
         self.response_complete = True
