@@ -144,7 +144,7 @@ async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: i
 
 
 async def _engine(composed: Any, rounds: int, warmup: int) -> list[float]:
-    from gateway.check import original_scope
+    from gateway.check import Asked
     from gateway.http.request import read_request
     from gateway.identity import RequestView
     from gateway.pipeline import identify
@@ -155,7 +155,7 @@ async def _engine(composed: Any, rounds: int, warmup: int) -> list[float]:
                (b"x-forwarded-uri", b"/api/items/42"), (b"x-forwarded-host", b"bench")]
     scope = {"type": "http", "http_version": "1.1", "server": ("127.0.0.1", CHECK_PORT), "client": ("127.0.0.1", 1),
              "scheme": "http", "method": "GET", "path": "/", "raw_path": b"/", "query_string": b"", "headers": headers}
-    request = read_request(original_scope(scope))
+    request = read_request(scope, original=Asked())
     _, keys, costs, specs, _, _ = identify(plan, RequestView(request, {}, runtime.config, runtime.jwt))
 
     async def one_round() -> None:

@@ -2,7 +2,7 @@
 ingress-nginx `auth-url`, Traefik `ForwardAuth`, Caddy `forward_auth` and Envoy `ext_authz` (HTTP).
 
 Every request on the check port asks "may this request pass?" about another request, the one the
-proxy in front holds. `original_scope` rebuilds that request from the proxy's convention, and the
+proxy in front holds. `Asked` reads that request from the proxy's convention, and the
 pipeline (gateway/pipeline.py) decides it exactly as on the proxy port: same routes, identities,
 canonical request, one script call, refusals held in memory, overrides, metrics. Nothing is ever
 forwarded, so no rule that needs the upstream's answer can be decided here: the loader refuses
@@ -19,7 +19,7 @@ them while the check port is on (`Rule.unseen_by_a_check`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -32,7 +32,7 @@ from gateway.envelope import Envelope
 from gateway.errors import BadRequest
 from gateway.outcome import Admit, Answer, RequestBounds, RequestOutcome
 from gateway.pipeline import decide
-from gateway.responses import Headers, problem, send_answer
+from gateway.responses import Headers, send_answer
 from gateway.runtime import Runtime
 
 # The conventions, in the order they are believed: Traefik and Caddy, then nginx and ingress-nginx;
@@ -65,25 +65,22 @@ class CheckEndpoint:
         runtime = self.current()
         assert runtime is not None, "the lifespan starts the runtime before any request"
         config = runtime.config
+        asked = Asked(config.check_path_prefix, config.check_convention)
         with Envelope(runtime, self.accounting, scope) as envelope:
-            try:
-                original = envelope.scope = original_scope(scope, config.check_path_prefix, config.check_convention)
-            except BadRequest as exc:
-                envelope.result = Answer(*problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, close=True)
-                answer = _denied(config, envelope.result)
+            result = envelope.result = await decide(runtime, scope, receive, self.limits, original=asked)
+            if config.access_log:
+                envelope.scope = asked.logged(scope)
+            if isinstance(result, Admit):
+                if result.delay_ms or result.lease is not None or result.settlement is not None:
+                    async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
+                        after.status = 200
+                answer = 200, [*result.headers, _ANSWERED], b""
+            elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
+                answer = _NOTHING_TO_CHECK
+            elif result.outcome is RequestOutcome.CLIENT_GONE:
+                return None
             else:
-                result = envelope.result = await decide(runtime, original, receive, self.limits)
-                if isinstance(result, Admit):
-                    if result.delay_ms or result.lease is not None or result.settlement is not None:
-                        async with Admitted(runtime, result) as after:  # a leaky bucket's wait: the proxy waits on it
-                            after.status = 200
-                    answer = 200, [*result.headers, _ANSWERED], b""
-                elif result.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED):
-                    answer = _NOTHING_TO_CHECK
-                elif result.outcome is RequestOutcome.CLIENT_GONE:
-                    return None
-                else:
-                    answer = _denied(config, result)
+                answer = _denied(config, result)
             envelope.status = answer[0]
             return answer
 
@@ -103,66 +100,72 @@ def _denied(config: Config, answer: Answer) -> tuple[int, Headers, bytes]:
     return config.check_deny_status, headers, answer.body
 
 
-def original_scope(scope: Scope, path_prefix: str = "", convention: str = "auto") -> dict[str, Any]:
-    """The ASGI scope of the request the proxy asks about, read by `convention` (check.convention).
-    Raises BadRequest (nothing is counted): a convention field sent twice, a method that is not a
-    token, a URI that is not a path. The fields of every convention are taken out of the request
-    the pipeline sees, whichever is read."""
-    one: dict[bytes, bytes] = {}
-    headers: list[tuple[bytes, bytes]] = []
-    for name, value in scope["headers"]:
-        if name in CONVENTION:
-            if name in one:
-                raise BadRequest(f"{_NAMES[name]} is sent more than once")
-            one[name] = value.strip(b" \t")
-        elif name not in _BODY_FRAMING:
-            headers.append((name, value))
-    if convention == "auto":
-        if FORWARDED_URI in one or FORWARDED_METHOD in one:
-            convention = "forwarded"
-        elif ORIGINAL_URI in one or ORIGINAL_URL in one or ORIGINAL_METHOD in one:
-            convention = "original"
-    host = one.get(FORWARDED_HOST) if convention != "request_line" else None
-    if convention == "forwarded":
-        target = _required(one, FORWARDED_URI)
-        method = _required(one, FORWARDED_METHOD)
-    elif convention == "original":
-        method = _required(one, ORIGINAL_METHOD)
-        target = one.get(ORIGINAL_URI, b"")
-        if ORIGINAL_URL in one:  # ingress-nginx: scheme://host/path?query
-            url_host, url_target = _absolute(one[ORIGINAL_URL])
-            host = host or url_host
-            target = target or url_target
-        if not target:
-            raise BadRequest("X-Original-URI (or X-Original-URL) is missing")
-    else:  # Envoy ext_authz: the request line is the original's, behind check.path_prefix
-        method = scope["method"].encode()
-        target = scope.get("raw_path") or scope["path"].encode()
-        query = scope.get("query_string") or b""
-        if path_prefix:
-            prefix = path_prefix.encode()
-            if not target.startswith(prefix) or target[len(prefix):][:1] not in (b"/", b""):
-                raise BadRequest(f"the check path must start with check.path_prefix {path_prefix}")
-            target = target[len(prefix):] or b"/"
-        if query:
-            target += b"?" + query
-    if not _METHOD.match(method):
-        raise BadRequest("the original method is not an HTTP method")
-    if not target.startswith(b"/"):
-        raise BadRequest("the original request target must be a path starting with / (origin-form)")
-    raw_path, _, query = target.partition(b"?")
-    if host is not None:
-        headers = [(name, value) for name, value in headers if name != b"host"]
-        headers.append((b"host", host))
-    path = raw_path.decode("latin-1")
-    proto = one.get(FORWARDED_PROTO, b"").lower()
-    return {
-        "type": "http", "asgi": scope.get("asgi"), "http_version": scope.get("http_version", "1.1"),
-        "server": scope.get("server"), "client": scope.get("client"),
-        "scheme": proto.decode() if proto in (b"http", b"https") else scope.get("scheme", "http"),
-        "method": method.decode("ascii").upper(), "root_path": "", "path": unquote(path) if "%" in path else path,
-        "raw_path": raw_path, "query_string": query, "headers": headers, "state": scope.get("state"),
-    }
+class Asked:
+    """The request a check asks about, as `check.convention` names it (gateway/http/request.py
+    `Original`): read_request reads it in its one pass over the headers, taking the fields of every
+    convention out of the request the pipeline sees, whichever is read. Its fields are refused
+    (BadRequest, nothing counted) when sent twice, when the method is not a token, and when the
+    URI is not a path. `method` and `target` keep what was read, for the access log."""
+
+    fields = CONVENTION
+    __slots__ = ("convention", "method", "path_prefix", "target")
+
+    def __init__(self, path_prefix: str = "", convention: str = "auto") -> None:
+        self.path_prefix = path_prefix
+        self.convention = convention
+        self.method = ""
+        self.target = b""
+
+    def spelled(self, name: bytes) -> str:
+        return _NAMES[name]
+
+    def logged(self, scope: Scope) -> Scope:
+        """What the access log reads of the request asked about (the asking one's, if not read)."""
+        if not self.method:
+            return scope
+        path = self.target.partition(b"?")[0].decode("latin-1")
+        return {"method": self.method, "path": unquote(path) if "%" in path else path, "client": scope.get("client")}
+
+    def read(self, one: dict[bytes, bytes], scope: MutableMapping[str, Any]) -> tuple[str, bytes, bytes | None, str]:
+        convention = self.convention
+        if convention == "auto":
+            if FORWARDED_URI in one or FORWARDED_METHOD in one:
+                convention = "forwarded"
+            elif ORIGINAL_URI in one or ORIGINAL_URL in one or ORIGINAL_METHOD in one:
+                convention = "original"
+        host = one.get(FORWARDED_HOST) if convention != "request_line" else None
+        if convention == "forwarded":
+            target = _required(one, FORWARDED_URI)
+            method = _required(one, FORWARDED_METHOD)
+        elif convention == "original":
+            method = _required(one, ORIGINAL_METHOD)
+            target = one.get(ORIGINAL_URI, b"")
+            if ORIGINAL_URL in one:  # ingress-nginx: scheme://host/path?query
+                url_host, url_target = _absolute(one[ORIGINAL_URL])
+                host = host or url_host
+                target = target or url_target
+            if not target:
+                raise BadRequest("X-Original-URI (or X-Original-URL) is missing")
+        else:  # Envoy ext_authz: the request line is the original's, behind check.path_prefix
+            method = scope["method"].encode()
+            target = scope.get("raw_path") or scope["path"].encode()
+            query = scope.get("query_string") or b""
+            if self.path_prefix:
+                prefix = self.path_prefix.encode()
+                if not target.startswith(prefix) or target[len(prefix):][:1] not in (b"/", b""):
+                    raise BadRequest(f"the check path must start with check.path_prefix {self.path_prefix}")
+                target = target[len(prefix):] or b"/"
+            if query:
+                target += b"?" + query
+        if not _METHOD.match(method):
+            raise BadRequest("the original method is not an HTTP method")
+        if not target.startswith(b"/"):
+            raise BadRequest("the original request target must be a path starting with / (origin-form)")
+        self.method = method.decode("ascii").upper()
+        self.target = target
+        proto = one.get(FORWARDED_PROTO, b"").lower()
+        scheme = proto.decode() if proto in (b"http", b"https") else scope.get("scheme", "http")
+        return self.method, target, host, scheme
 
 
 def _required(one: dict[bytes, bytes], name: bytes) -> bytes:

@@ -26,7 +26,7 @@ from gateway.config import Route, Rule
 from gateway.decision import count_held
 from gateway.decision import decide as decide_rules
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
-from gateway.http.request import Request, read_request
+from gateway.http.request import Original, Request, read_request
 from gateway.identity import RequestView, rule_identity
 from gateway.keying import keyed, token_of
 from gateway.keys import shown
@@ -57,17 +57,18 @@ class Matched(NamedTuple):
 
 
 async def decide(runtime: Runtime, scope: Scope, receive: Receive, limits: RequestBounds,
-                 guarded: bool = False) -> Admit | Answer:
+                 guarded: bool = False, original: Original | None = None) -> Admit | Answer:
     """The whole way for one request: at most one limiter call (one Redis script call). `guarded`
     (the proxy port): a protected upstream's slot is taken before that call, and given back if the
-    rules refuse; a request refused for want of one (503) is never counted by its rules."""
+    rules refuse; a request refused for want of one (503) is never counted by its rules. `original`
+    (the check port): the request decided is the one the scope asks about (gateway/check.py)."""
     early = scope.pop(EARLY_WORK, None)
     if early is not None and early[0] is runtime:  # `decide_now` matched and identified it a moment ago
         _, step, identified = early
         result = await _guarded(runtime, step.plan, step.request, step.view, identified, step.request.has_body,
                                 guarded)
     else:
-        matched = _match(runtime, scope, limits)
+        matched = _match(runtime, scope, limits, original)
         if isinstance(matched, Answer):
             return matched
         step = matched
@@ -246,9 +247,9 @@ def decide_now(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Answer 
     return answer
 
 
-def _match(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Matched | Answer:
+def _match(runtime: Runtime, scope: Scope, limits: RequestBounds, original: Original | None = None) -> Matched | Answer:
     try:
-        request = read_request(scope, limits.max_head_bytes)
+        request = read_request(scope, limits.max_head_bytes, original)
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, None, close=True)
     view = RequestView(request, {}, runtime.config, runtime.jwt)

@@ -28,7 +28,7 @@ import functools
 import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from gateway.errors import BadRequest, HeadTooLarge, NotImplementedRequest
@@ -118,15 +118,37 @@ class Request:
         return self.first.get(name)
 
 
-def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS.max_head_bytes) -> Request:
+class Original(Protocol):
+    """How a request names another one, the request the check port is asked about (gateway/check.py):
+    the fields that name it, taken out of the headers, and what they say."""
+
+    fields: frozenset[bytes]  # lowercase names; a value each, trimmed (a field sent twice is a 400)
+
+    def spelled(self, name: bytes) -> str:
+        """A field's name as the docs spell it."""
+        ...
+
+    def read(self, named: dict[bytes, bytes], scope: MutableMapping[str, Any]) -> tuple[str, bytes, bytes | None, str]:
+        """The original's method, request target (origin-form, its query too), Host (None: the
+        request's own) and scheme. Raises BadRequest when its fields cannot say."""
+        ...
+
+
+def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS.max_head_bytes,
+                 original: Original | None = None) -> Request:
     """The checked view of one ASGI http scope. Raises BadRequest (400), HeadTooLarge (431) or
-    NotImplementedRequest (501); nothing has been forwarded or counted when it does."""
+    NotImplementedRequest (501); nothing has been forwarded or counted when it does.
+
+    `original`: the scope asks about another request (the check port), which is what is read: its
+    method, target, Host and scheme as `original` reads them from its fields, which are not headers
+    of it, and neither is the asking request's body framing (the original's body never comes)."""
     method: str = scope["method"]
-    if method == "CONNECT":
-        raise NotImplementedRequest("CONNECT is not supported")
     raw_target: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
     query: bytes = scope.get("query_string") or b""
+    scheme = scope.get("scheme", "http")
     size = len(method) + len(raw_target) + len(query) + 12
+    special = _NOT_FORWARDED if original is None else _not_forwarded_nor(original.fields)
+    naming: dict[bytes, bytes] = {}  # `original`'s fields
     headers: list[tuple[bytes, bytes]] = []
     first: dict[bytes, bytes] = {}
     repeated: set[bytes] = set()
@@ -144,7 +166,7 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
         if stripped is not value:
             value = stripped
             trimmed = True
-        if name in _NOT_FORWARDED:
+        if name in special:
             if name == b"host":
                 hosts.append(value)
             elif name == b"content-length":
@@ -162,12 +184,24 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
                     request_id = value
                 else:
                     repeated.add(name)  # no identity reads it as one value
+            elif original is not None and name in original.fields:
+                if name in naming:
+                    raise BadRequest(f"{original.spelled(name)} is sent more than once")
+                naming[name] = value
             continue
         if name in first:
             repeated.add(name)
         else:
             first[name] = value
         headers.append((name, value))
+    if original is not None:
+        method, target, host_named, scheme = original.read(naming, scope)
+        raw_target, _, query = target.partition(b"?")
+        lengths, codings = [], []
+        if host_named is not None:
+            hosts = [host_named]
+    if method == "CONNECT":
+        raise NotImplementedRequest("CONNECT is not supported")
     if size > max_head_bytes:
         raise HeadTooLarge(f"request line and headers exceed {max_head_bytes // 1024} KiB")
 
@@ -217,7 +251,6 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
         raise BadRequest("a WebSocket handshake carries no body")
 
     host = None
-    scheme = scope.get("scheme", "http")
     if len(hosts) > 1:
         raise BadRequest("the request carries more than one Host")
     if hosts:
@@ -259,6 +292,11 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
         upgrade=websocket,
         override=override,
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _not_forwarded_nor(fields: frozenset[bytes]) -> frozenset[bytes]:
+    return _NOT_FORWARDED | fields
 
 
 def _override(first: dict[bytes, bytes], repeated: set[bytes]) -> str | None:
