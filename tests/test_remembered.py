@@ -1,6 +1,7 @@
 """What is remembered between requests answers as what is computed: the canonical host
-(gateway/http/request.py) and the identity token (gateway/keys.py), for any value, any scheme and
-either readability, asked twice (the second time from memory), refusals included."""
+(gateway/http/request.py), the identity token (gateway/keys.py) and an RLS call as read
+(gateway/rls/service.py), for any value, any scheme and either readability, any message and any
+identity.max_length, asked twice (the second time from memory), refusals included."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
+from gateway.rls import messages as pb
+from gateway.rls.service import GrpcError, _read_call, read_call
 from gateway.http.request import _canonical_host, canonical_host
 from gateway.keys import _identity_token, identity_token
 
@@ -23,6 +26,8 @@ def _outcome(compute: object, *args: object) -> object:
         return compute(*args)  # type: ignore[operator]
     except BadRequest as exc:
         return ("refused", str(exc))
+    except GrpcError as exc:
+        return ("refused", exc.status, exc.message)
 
 
 @settings(max_examples=400, deadline=None)
@@ -44,3 +49,35 @@ def test_a_remembered_token_is_the_computed_one(parts: list[bytes], readable: bo
 def test_the_scheme_is_part_of_what_is_remembered() -> None:
     assert canonical_host(b"shop.example:443", "https") == b"shop.example"
     assert canonical_host(b"shop.example:443", "http") == b"shop.example:443"
+
+
+TEXT = st.text(st.sampled_from("ab:/é\x00"), max_size=12)
+ENTRIES = st.lists(st.tuples(TEXT, TEXT), max_size=3)
+DESCRIPTORS = st.lists(st.tuples(ENTRIES, st.none() | st.integers(0, 2**31), st.none() | st.integers(0, 9)),
+                       max_size=3)
+
+
+def _call(domain: str, hits: int, descriptors: list[tuple[list[tuple[str, str]], int | None, int | None]]) -> bytes:
+    message = pb.RateLimitRequest(domain=domain, hits_addend=hits)
+    for entries, cost, unit in descriptors:
+        descriptor = message.descriptors.add()
+        for key, value in entries:
+            descriptor.entries.add(key=key, value=value)
+        if cost is not None:
+            descriptor.hits_addend.value = cost
+        if unit is not None:
+            descriptor.limit.requests_per_unit, descriptor.limit.unit = 10, unit
+    return bytes(message.SerializeToString())
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(["", "bench"]), st.integers(0, 2**31), DESCRIPTORS, st.sampled_from([4, 8, 1024]),
+       st.binary(max_size=8))
+def test_a_remembered_rls_call_is_the_one_read(domain: str, hits: int,
+                                               descriptors: list[tuple[list[tuple[str, str]], int | None, int | None]],
+                                               identity_max: int, noise: bytes) -> None:
+    for body in (_call(domain, hits, descriptors), noise):
+        for limit in (identity_max, 1024):  # a value remembered under one length limit is checked under another
+            expected = _outcome(_read_call, body, limit)
+            assert _outcome(read_call, body, limit) == expected
+            assert _outcome(read_call, body, limit) == expected

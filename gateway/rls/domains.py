@@ -3,6 +3,7 @@ route (`rls.<domain>`), the RateLimit each of its rules reports (gateway/rls/ser
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -85,7 +86,7 @@ class Domain:
         spec = (self.whole if whole else self.shares[shard])[index]
         return Counted(found.rule, spec, found.key, self.limits[index], configured=True)
 
-    def dynamic(self, found: tuple[Rule, Any], entries: list[tuple[str, str]], shard: int,
+    def dynamic(self, found: tuple[Rule, Any], entries: Sequence[tuple[str, str]], shard: int,
                 key_prefix: str) -> Counted:
         """A descriptor's own limit, counted per descriptor (its keys and values) and number, in
         the call's shard (one hash tag for the whole call)."""
@@ -96,7 +97,7 @@ class Domain:
         key = state_key(key_prefix, self.plan.route.name, rule.name, identity_token(parts, readable=False), tag)
         return Counted(rule, rule_spec(rule), key, reported)
 
-    def limit_of(self, entries: list[tuple[str, str]]) -> RlsDescriptor | None:
+    def limit_of(self, entries: Sequence[tuple[str, str]]) -> RlsDescriptor | None:
         """The descriptor entry whose rule counts a descriptor of these entries (envoyproxy/ratelimit's
         GetLimit): None when no limit is found or the request goes deeper than the tree."""
         level = self.root

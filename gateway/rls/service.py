@@ -20,8 +20,9 @@ refusals held in memory and metrics are those of any route.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
@@ -70,27 +71,19 @@ class Descriptors:
     (one per rule, the fastest); any other goes to the one script for rules of any
     kinds, their kinds and numbers in ARGV (`any_kinds`)."""
 
-    def __init__(self, request: Any, domain: Domain, identity_max: int, overrides: RouteTable | None,
-                 key_prefix: str) -> None:
+    def __init__(self, call: Call, domain: Domain, overrides: RouteTable | None, key_prefix: str) -> None:
         self.counted: list[Counted] = []
         self.costs: list[int] = []
         self.where: list[int | None] = []  # per descriptor: its place in `counted`, None: not counted
         self.unlimited: list[bool] = []
         plan = domain.plan
-        hits = request.hits_addend or 1
-        if hits > MAX_HITS:
-            raise GrpcError(INVALID_ARGUMENT, f"hits_addend must be at most {MAX_HITS}")
-        found: list[tuple[RlsDescriptor | None, list[tuple[str, str]], int, Any]] = []
+        found: list[tuple[RlsDescriptor | None, tuple[tuple[str, str], ...], int, Any]] = []
         replaced: set[str] = set()
-        for i, descriptor in enumerate(request.descriptors):
-            entries = _entries(descriptor, i, identity_max)
-            cost = hits
-            if descriptor.HasField("hits_addend"):
-                cost = descriptor.hits_addend.value
-                if cost > MAX_HITS:
-                    raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
-            if descriptor.HasField("limit"):
-                found.append((None, entries, cost, _dynamic_rule(descriptor.limit, i)))
+        for entries, cost, limit in call.descriptors:
+            if cost is None:
+                cost = call.hits
+            if limit is not None:
+                found.append((None, entries, cost, _dynamic_rule(limit)))
                 continue
             d = domain.limit_of(entries)
             found.append((d, entries, cost, None))
@@ -147,8 +140,72 @@ class Descriptors:
         return domain.calendars
 
 
-def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]]:
-    entries = [(entry.key, entry.value) for entry in descriptor.entries]
+class Read(NamedTuple):
+    """One descriptor of a call, checked."""
+
+    entries: tuple[tuple[str, str], ...]
+    cost: int | None                # its own hits_addend; None: the call's
+    limit: tuple[int, int] | None   # its own limit: requests_per_unit, unit
+
+
+class Call(NamedTuple):
+    """A RateLimitRequest, checked: nothing in it can make the call fail later."""
+
+    domain: str
+    hits: int
+    descriptors: tuple[Read, ...]
+
+
+_REMEMBERED_CALL = 1024  # bytes: a call of a few descriptors of usual values
+
+
+def read_call(body: bytes, identity_max: int) -> Call:
+    """A RateLimitRequest's bytes, parsed and checked; raises GrpcError INVALID_ARGUMENT naming what
+    is wrong. A call of a usual size is remembered: a caller's next calls carry the same bytes (its
+    user, its address), and reading them again costs more than the rest of the service's own part
+    (a GrpcError is never remembered)."""
+    if len(body) <= _REMEMBERED_CALL:
+        return _remembered_call(body, identity_max)
+    return _read_call(body, identity_max)
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered_call(body: bytes, identity_max: int) -> Call:
+    return _read_call(body, identity_max)
+
+
+def _read_call(body: bytes, identity_max: int) -> Call:
+    try:
+        request = pb.RateLimitRequest.FromString(body)
+    except DecodeError as exc:
+        raise GrpcError(INVALID_ARGUMENT, f"the message is not a RateLimitRequest: {exc}") from None
+    if not request.domain:
+        raise GrpcError(INVALID_ARGUMENT, "domain must not be empty")
+    if not request.descriptors:
+        raise GrpcError(INVALID_ARGUMENT, "descriptors must not be empty")
+    if len(request.descriptors) > MAX_DESCRIPTORS:
+        raise GrpcError(INVALID_ARGUMENT, f"at most {MAX_DESCRIPTORS} descriptors in one request")
+    hits = request.hits_addend or 1
+    if hits > MAX_HITS:
+        raise GrpcError(INVALID_ARGUMENT, f"hits_addend must be at most {MAX_HITS}")
+    read = []
+    for i, descriptor in enumerate(request.descriptors):
+        entries = _entries(descriptor, i, identity_max)
+        cost = limit = None
+        if descriptor.HasField("hits_addend"):
+            cost = descriptor.hits_addend.value
+            if cost > MAX_HITS:
+                raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].hits_addend must be at most {MAX_HITS}")
+        if descriptor.HasField("limit"):
+            limit = descriptor.limit.requests_per_unit, descriptor.limit.unit
+            if limit[1] not in CODE_SECONDS:
+                raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit[1]})")
+        read.append(Read(entries, cost, limit))
+    return Call(request.domain, hits, tuple(read))
+
+
+def _entries(descriptor: Any, i: int, identity_max: int) -> tuple[tuple[str, str], ...]:
+    entries = tuple([(entry.key, entry.value) for entry in descriptor.entries])
     if not entries:
         raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}] has no entries")
     if len(entries) > MAX_ENTRIES:
@@ -162,16 +219,14 @@ def _entries(descriptor: Any, i: int, identity_max: int) -> list[tuple[str, str]
     return entries
 
 
-def _dynamic_rule(limit: Any, i: int) -> tuple[Rule, Any]:
+def _dynamic_rule(limit: tuple[int, int]) -> tuple[Rule, Any]:
     """A descriptor's own `limit` (envoyproxy/ratelimit: it replaces any configured one): a fixed
     window of its unit, and the RateLimit the answer reports."""
-    seconds = CODE_SECONDS.get(limit.unit)
-    if seconds is None:
-        raise GrpcError(INVALID_ARGUMENT, f"descriptors[{i}].limit.unit is not a known unit ({limit.unit})")
+    requests_per_unit, unit = limit
     # the name (a metrics label) knows the unit only; the key knows the number too (Domain.dynamic)
-    rule = Rule(name=f"descriptor_limit.{_UNIT_WORDS[limit.unit]}", by=(), algorithm="fixed_window",
-                limit=limit.requests_per_unit, window=float(seconds))
-    return rule, pb.RateLimitResponse.RateLimit(requests_per_unit=limit.requests_per_unit, unit=limit.unit)
+    rule = Rule(name=f"descriptor_limit.{_UNIT_WORDS[unit]}", by=(), algorithm="fixed_window",
+                limit=requests_per_unit, window=float(CODE_SECONDS[unit]))
+    return rule, pb.RateLimitResponse.RateLimit(requests_per_unit=requests_per_unit, unit=unit)
 
 
 class RateLimitService:
@@ -204,34 +259,22 @@ class RateLimitService:
         runtime = self.current()
         if runtime is None:
             raise GrpcError(UNAVAILABLE, "the gateway is starting")
-        try:
-            request = pb.RateLimitRequest.FromString(body)
-        except DecodeError as exc:
-            raise GrpcError(INVALID_ARGUMENT, f"the message is not a RateLimitRequest: {exc}") from None
-        if not request.domain:
-            raise GrpcError(INVALID_ARGUMENT, "domain must not be empty")
-        if not request.descriptors:
-            raise GrpcError(INVALID_ARGUMENT, "descriptors must not be empty")
-        if len(request.descriptors) > MAX_DESCRIPTORS:
-            raise GrpcError(INVALID_ARGUMENT, f"at most {MAX_DESCRIPTORS} descriptors in one request")
-        domain = self.domains(runtime).get(request.domain)
-        if domain is None:  # as envoyproxy/ratelimit: no config, no limit (each descriptor still checked)
-            for i, descriptor in enumerate(request.descriptors):
-                _entries(descriptor, i, runtime.config.identity_max_bytes)
-            code = "no_domain"
+        call = read_call(body, runtime.config.identity_max_bytes)
+        domain = self.domains(runtime).get(call.domain)
+        if domain is None:  # as envoyproxy/ratelimit: no config, no limit
             response = pb.RateLimitResponse(overall_code=pb.OK)
-            for _ in request.descriptors:
+            for _ in call.descriptors:
                 response.statuses.add(code=pb.OK)
-            return _done(response, code)
+            return _done(response, "no_domain")
         runtime.enter()
         try:
-            return await self._decide(runtime, domain, request)
+            return await self._decide(runtime, domain, call)
         finally:
             runtime.leave()
 
-    async def _decide(self, runtime: Runtime, domain: Domain, request: Any) -> bytes:
+    async def _decide(self, runtime: Runtime, domain: Domain, read: Call) -> bytes:
         overrides = runtime.overrides.get(domain.plan.route.name)
-        call = Descriptors(request, domain, runtime.config.identity_max_bytes, overrides, runtime.redis.key_prefix)
+        call = Descriptors(read, domain, overrides, runtime.redis.key_prefix)
         response = pb.RateLimitResponse(overall_code=pb.OK)
         route = domain.plan.route
         decision: Decision | None = None
