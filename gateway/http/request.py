@@ -147,7 +147,9 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
     query: bytes = scope.get("query_string") or b""
     scheme = scope.get("scheme", "http")
     size = len(method) + len(raw_target) + len(query) + 12
-    special = _NOT_FORWARDED if original is None else _not_forwarded_nor(original.fields)
+    special, naming_fields = _NOT_FORWARDED, _NONE
+    if original is not None:
+        special, naming_fields = _not_forwarded_nor(original.fields), original.fields
     naming: dict[bytes, bytes] = {}  # `original`'s fields
     headers: list[tuple[bytes, bytes]] = []
     first: dict[bytes, bytes] = {}
@@ -167,7 +169,12 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
             value = stripped
             trimmed = True
         if name in special:
-            if name == b"host":
+            if name in naming_fields:
+                if name in naming:
+                    assert original is not None
+                    raise BadRequest(f"{original.spelled(name)} is sent more than once")
+                naming[name] = value
+            elif name == b"host":
                 hosts.append(value)
             elif name == b"content-length":
                 lengths.append(value)
@@ -184,10 +191,6 @@ def read_request(scope: MutableMapping[str, Any], max_head_bytes: int = DEFAULTS
                     request_id = value
                 else:
                     repeated.add(name)  # no identity reads it as one value
-            elif original is not None and name in original.fields:
-                if name in naming:
-                    raise BadRequest(f"{original.spelled(name)} is sent more than once")
-                naming[name] = value
             continue
         if name in first:
             repeated.add(name)
