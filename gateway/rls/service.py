@@ -229,22 +229,49 @@ def _dynamic_rule(limit: tuple[int, int]) -> tuple[Rule, Any]:
     return rule, pb.RateLimitResponse.RateLimit(requests_per_unit=requests_per_unit, unit=unit)
 
 
+class Counting(NamedTuple):
+    """What a call counts, in a domain of one runtime: its Descriptors and what the limiter is asked."""
+
+    descriptors: Descriptors
+    rules: list[Rule]
+    keys: list[str]
+    specs: list[RuleSpec]
+    any_kinds: tuple[str, ...] | None
+
+
+MAX_COUNTINGS = 4096  # per runtime: calls remembered with what they count
+
+
+class Compiled(NamedTuple):
+    """One runtime's domains, and the calls of its domains without overrides that were counted: a
+    call remembered by read_call is the same object again, and so is what it counts (its keys,
+    rules and specs are functions of the call and the domain alone while no identity of the domain's
+    route is overridden; one that is, is worked out at every call)."""
+
+    runtime: Runtime
+    domains: dict[str, Domain]
+    countings: dict[int, tuple[Call, Counting]]  # id(call): the call is held, so its id is not reused
+
+
 class RateLimitService:
     """The service behind the RLS port's gRPC server (gateway/rls/server.py)."""
 
     def __init__(self, current: Callable[[], Runtime | None]) -> None:
         self.current = current
-        self.compiled: list[tuple[Runtime, dict[str, Domain]]] = []  # the newest runtimes' domains
+        self.compiled: list[Compiled] = []  # the newest runtimes'
 
     def domains(self, runtime: Runtime) -> dict[str, Domain]:
+        return self._compiled(runtime).domains
+
+    def _compiled(self, runtime: Runtime) -> Compiled:
         """The domains of `runtime`'s config, compiled at its first call (two kept: a reload's old
         runtime still answers the calls it took)."""
-        for seen, domains in self.compiled:
-            if seen is runtime:
-                return domains
-        domains = domains_of(runtime.config.rls, runtime.plans)
-        self.compiled = [(runtime, domains), *self.compiled[:1]]
-        return domains
+        for compiled in self.compiled:
+            if compiled.runtime is runtime:
+                return compiled
+        compiled = Compiled(runtime, domains_of(runtime.config.rls, runtime.plans), {})
+        self.compiled = [compiled, *self.compiled[:1]]
+        return compiled
 
     async def should_rate_limit(self, body: bytes) -> bytes:
         """A RateLimitRequest's bytes -> the RateLimitResponse's; raises GrpcError."""
@@ -260,7 +287,8 @@ class RateLimitService:
         if runtime is None:
             raise GrpcError(UNAVAILABLE, "the gateway is starting")
         call = read_call(body, runtime.config.identity_max_bytes)
-        domain = self.domains(runtime).get(call.domain)
+        compiled = self._compiled(runtime)
+        domain = compiled.domains.get(call.domain)
         if domain is None:  # as envoyproxy/ratelimit: no config, no limit
             response = pb.RateLimitResponse(overall_code=pb.OK)
             for _ in call.descriptors:
@@ -268,24 +296,36 @@ class RateLimitService:
             return _done(response, "no_domain")
         runtime.enter()
         try:
-            return await self._decide(runtime, domain, call)
+            return await self._decide(runtime, domain, self._counting(runtime, compiled, domain, call))
         finally:
             runtime.leave()
 
-    async def _decide(self, runtime: Runtime, domain: Domain, read: Call) -> bytes:
+    @staticmethod
+    def _counting(runtime: Runtime, compiled: Compiled, domain: Domain, read: Call) -> Counting:
         overrides = runtime.overrides.get(domain.plan.route.name)
+        if overrides is None:
+            found = compiled.countings.get(id(read))
+            if found is not None and found[0] is read:
+                return found[1]
         call = Descriptors(read, domain, overrides, runtime.redis.key_prefix)
+        counting = Counting(call, [c.rule for c in call.counted], [c.key for c in call.counted], call.specs,
+                            call.any_kinds(domain) if call.counted else None)
+        if overrides is None:
+            if len(compiled.countings) >= MAX_COUNTINGS:
+                compiled.countings.clear()
+            compiled.countings[id(read)] = read, counting
+        return counting
+
+    async def _decide(self, runtime: Runtime, domain: Domain, counting: Counting) -> bytes:
+        call, rules, keys, specs, any_kinds = counting
         response = pb.RateLimitResponse(overall_code=pb.OK)
         route = domain.plan.route
         decision: Decision | None = None
         from_memory = False
         if call.counted:
-            rules = [c.rule for c in call.counted]
-            keys = [c.key for c in call.counted]
-            costs: list[int | None] = list(call.costs)
             try:
-                decision, from_memory = await decide(runtime, route.name, rules, keys, costs, call.specs,
-                                                     any_kinds=call.any_kinds(domain))
+                decision, from_memory = await decide(runtime, route.name, rules, keys, list(call.costs), specs,
+                                                     any_kinds=any_kinds)
             except RedisUnavailable:
                 _count("unavailable")
                 raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
