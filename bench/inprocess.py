@@ -13,6 +13,9 @@ multiple is made of.
     server    the same server and door with a door that answers at once (the server's own share)
     engine    Limiter.decide on keys read once (the engine alone, 50 calls gathered per round)
 
+`--connections 1`: one request a round, so every decision is a batch of its own (a lone decision's
+cost, bench/run.py's one-connection rows without the kernel's part).
+
 CPU time moves with the VM from run to run: each run reports the minimum and median over segments
 of 100 rounds. `--callgrind` counts instructions instead (valgrind, two runs of different lengths,
 their difference per request), which do not move: compare revisions with it.
@@ -184,7 +187,7 @@ def _callgrind(what: str, redis_url: str, config: Path, tmp: Path) -> float:
         out = tmp / f"callgrind.{what}.{rounds}"
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
                         what, "--rounds", str(rounds), "--warmup", "20", "--redis-url", redis_url,
-                        "--config", str(config)], check=True, capture_output=True)
+                        "--config", str(config), "--connections", str(CONNECTIONS)], check=True, capture_output=True)
         summary = next(line for line in out.read_text(errors="replace").splitlines()
                        if line.startswith(("summary:", "totals:")))
         counts.append(int(summary.split()[1]))
@@ -192,14 +195,17 @@ def _callgrind(what: str, redis_url: str, config: Path, tmp: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global CONNECTIONS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", help="server, engine, check, proxy (default: all)")
     parser.add_argument("--rounds", type=int, default=2000, help="rounds of 50 requests measured (2000)")
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--connections", type=int, default=CONNECTIONS, help="requests a round (50)")
     parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of CPU time")
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)  # a run under callgrind: the parent's Redis
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    CONNECTIONS = args.connections
     args.what = args.what or list(KINDS)
     unknown = set(args.what) - set(KINDS)
     if unknown:
