@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
-from gateway.rls import messages as pb
-from gateway.rls.service import GrpcError, _read_call, read_call
 from gateway.http.request import _canonical_host, canonical_host
 from gateway.keys import _identity_token, identity_token
+from gateway.rls import messages as pb
+from gateway.rls.service import GrpcError, _read_call, read_call
 
 HOSTISH = st.one_of(
     st.binary(max_size=300),

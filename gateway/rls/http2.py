@@ -102,17 +102,24 @@ class Ngh2Engine:
                 out.append((PONG, 0, event.opaque_data))
         return out
 
+    # every answer's three calls: `try` costs nothing, contextlib.suppress 0.26 µs a call
     def headers(self, stream_id: int, headers: Headers, end_stream: bool = False) -> None:
-        with contextlib.suppress(ngh2.NGH2Error):
+        try:  # noqa: SIM105
             self.conn.send_response(stream_id, headers, end_stream=end_stream)
+        except ngh2.NGH2Error:  # a stream the client reset meanwhile
+            pass
 
     def data(self, stream_id: int, data: bytes) -> None:
-        with contextlib.suppress(ngh2.NGH2Error):
+        try:  # noqa: SIM105
             self.conn.send_data(stream_id, data)
+        except ngh2.NGH2Error:
+            pass
 
     def trailers(self, stream_id: int, headers: Headers) -> None:
-        with contextlib.suppress(ngh2.NGH2Error):
+        try:  # noqa: SIM105
             self.conn.send_trailers(stream_id, headers)
+        except ngh2.NGH2Error:
+            pass
 
     def window(self, stream_id: int) -> int:
         try:

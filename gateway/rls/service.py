@@ -32,7 +32,7 @@ from gateway.config.model import RlsDescriptor
 from gateway.decision import decide
 from gateway.errors import RedisUnavailable
 from gateway.keys import shard_of
-from gateway.limiter import Decision, RuleOutcome, RuleSpec
+from gateway.limiter import RuleOutcome, RuleSpec
 from gateway.overrides import RouteTable
 from gateway.responses import ratelimit_headers, refusal
 from gateway.rls import messages as pb
@@ -230,13 +230,26 @@ def _dynamic_rule(limit: tuple[int, int]) -> tuple[Rule, Any]:
 
 
 class Counting(NamedTuple):
-    """What a call counts, in a domain of one runtime: its Descriptors and what the limiter is asked."""
+    """What a call counts, in a domain of one runtime: its Descriptors, what the limiter is asked,
+    and its answer's statuses before the decision (a copy is filled in: 2 µs less than building them)."""
 
     descriptors: Descriptors
     rules: list[Rule]
     keys: list[str]
     specs: list[RuleSpec]
     any_kinds: tuple[str, ...] | None
+    answer: Any  # a RateLimitResponse: a status per descriptor, OK, each counted one's current_limit
+
+
+def _statuses(call: Descriptors) -> Any:
+    answer = pb.RateLimitResponse(overall_code=pb.OK)
+    for at, unlimited in zip(call.where, call.unlimited, strict=True):
+        status = answer.statuses.add(code=pb.OK)
+        if at is not None:
+            status.current_limit.CopyFrom(call.counted[at].limit)
+        elif unlimited:
+            status.limit_remaining = UNLIMITED_REMAINING
+    return answer
 
 
 MAX_COUNTINGS = 4096  # per runtime: calls remembered with what they count
@@ -276,29 +289,26 @@ class RateLimitService:
     async def should_rate_limit(self, body: bytes) -> bytes:
         """A RateLimitRequest's bytes -> the RateLimitResponse's; raises GrpcError."""
         try:
-            return await self._answer(body)
+            runtime = self.current()
+            if runtime is None:
+                raise GrpcError(UNAVAILABLE, "the gateway is starting")
+            call = read_call(body, runtime.config.identity_max_bytes)
+            compiled = self._compiled(runtime)
+            domain = compiled.domains.get(call.domain)
+            if domain is None:  # as envoyproxy/ratelimit: no config, no limit
+                response = pb.RateLimitResponse(overall_code=pb.OK)
+                for _ in call.descriptors:
+                    response.statuses.add(code=pb.OK)
+                return _done(response, "no_domain")
+            runtime.enter()
+            try:
+                return await self._decide(runtime, domain, self._counting(runtime, compiled, domain, call))
+            finally:
+                runtime.leave()
         except GrpcError as exc:
             if exc.status != UNAVAILABLE:
                 _count("invalid")
             raise
-
-    async def _answer(self, body: bytes) -> bytes:
-        runtime = self.current()
-        if runtime is None:
-            raise GrpcError(UNAVAILABLE, "the gateway is starting")
-        call = read_call(body, runtime.config.identity_max_bytes)
-        compiled = self._compiled(runtime)
-        domain = compiled.domains.get(call.domain)
-        if domain is None:  # as envoyproxy/ratelimit: no config, no limit
-            response = pb.RateLimitResponse(overall_code=pb.OK)
-            for _ in call.descriptors:
-                response.statuses.add(code=pb.OK)
-            return _done(response, "no_domain")
-        runtime.enter()
-        try:
-            return await self._decide(runtime, domain, self._counting(runtime, compiled, domain, call))
-        finally:
-            runtime.leave()
 
     @staticmethod
     def _counting(runtime: Runtime, compiled: Compiled, domain: Domain, read: Call) -> Counting:
@@ -309,7 +319,7 @@ class RateLimitService:
                 return found[1]
         call = Descriptors(read, domain, overrides, runtime.redis.key_prefix)
         counting = Counting(call, [c.rule for c in call.counted], [c.key for c in call.counted], call.specs,
-                            call.any_kinds(domain) if call.counted else None)
+                            call.any_kinds(domain) if call.counted else None, _statuses(call))
         if overrides is None:
             if len(compiled.countings) >= MAX_COUNTINGS:
                 compiled.countings.clear()
@@ -317,50 +327,45 @@ class RateLimitService:
         return counting
 
     async def _decide(self, runtime: Runtime, domain: Domain, counting: Counting) -> bytes:
-        call, rules, keys, specs, any_kinds = counting
-        response = pb.RateLimitResponse(overall_code=pb.OK)
+        call, rules, keys, specs, any_kinds, answer = counting
+        response = pb.RateLimitResponse()
+        response.CopyFrom(answer)
+        if not call.counted:
+            return _done(response, "ok")
         route = domain.plan.route
-        decision: Decision | None = None
-        from_memory = False
-        if call.counted:
-            try:
-                decision, from_memory = await decide(runtime, route.name, rules, keys, list(call.costs), specs,
-                                                     any_kinds=any_kinds)
-            except RedisUnavailable:
-                _count("unavailable")
-                raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
-                                             "decides") from None
-            if not decision.admitted:
-                response.overall_code = pb.OVER_LIMIT
-            mode = route.headers
-            if mode != "none":
-                if decision.admitted:
-                    headers = ratelimit_headers(mode, rules, decision)
-                else:
-                    headers = [(n, v) for n, v in refusal(route, rules, decision)[1] if n != b"content-type"]
-                for name, value in headers:
-                    response.response_headers_to_add.add(key=name.decode(), value=value.decode())
-        for at, unlimited in zip(call.where, call.unlimited, strict=True):
-            status = response.statuses.add(code=pb.OK)
-            if at is None:
-                if unlimited:
-                    status.limit_remaining = UNLIMITED_REMAINING
-                continue
-            assert decision is not None
+        try:
+            decision, from_memory = await decide(runtime, route.name, rules, keys, list(call.costs), specs,
+                                                 any_kinds=any_kinds)
+        except RedisUnavailable:
+            _count("unavailable")
+            raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
+                                         "decides") from None
+        if not decision.admitted:
+            response.overall_code = pb.OVER_LIMIT
+        mode = route.headers
+        if mode != "none":
+            if decision.admitted:
+                headers = ratelimit_headers(mode, rules, decision)
+            else:
+                headers = [(n, v) for n, v in refusal(route, rules, decision)[1] if n != b"content-type"]
+            for name, value in headers:
+                response.response_headers_to_add.add(key=name.decode(), value=value.decode())
+        statuses = response.statuses
+        for i, at in enumerate(call.where):
+            if at is None or (from_memory and at != decision.refused_by):
+                continue  # not counted; or a refusal held in memory, which knows the refusing rule's state only
+            status = statuses[i]
             state = decision.rules[at]
-            status.current_limit.CopyFrom(call.counted[at].limit)
-            if from_memory and at != decision.refused_by:
-                continue  # a refusal held in memory knows the refusing rule's state only
             if state.outcome in (RuleOutcome.REFUSES, RuleOutcome.NEVER_FITS) and not decision.admitted:
                 status.code = pb.OVER_LIMIT
             elif state.outcome is not RuleOutcome.SHADOW_REFUSES:
                 # a refused call counted nothing: the limiter reports what was there before it
                 status.limit_remaining = min(max(0, state.remaining), 2**32 - 1)
             if state.reset_ms > 0:
-                status.duration_until_reset.seconds, millis = divmod(state.reset_ms, 1000)
-                status.duration_until_reset.nanos = millis * 1_000_000
-        code = "over_limit" if response.overall_code == pb.OVER_LIMIT else "ok"
-        return _done(response, code)
+                duration = status.duration_until_reset
+                duration.seconds, millis = divmod(state.reset_ms, 1000)
+                duration.nanos = millis * 1_000_000
+        return _done(response, "ok" if decision.admitted else "over_limit")
 
 
 def _count(result: str) -> None:
