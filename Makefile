@@ -35,7 +35,7 @@ run: $(RUN_STAMP)
 	exec $(PY) scripts/run.py $(RUN_ARGS)
 
 lint: $(DEV_STAMP)
-	$(VENV)/bin/ruff check gateway tests bench
+	$(VENV)/bin/ruff check gateway tests bench scripts
 	$(VENV)/bin/mypy
 
 # Two workers, a test file to a worker (its module fixtures start once); TEST_WORKERS=0 runs it serially

@@ -29,7 +29,7 @@ from gateway.config import RedisSettings, Rule, Source
 from gateway.errors import RedisUnavailable
 from gateway.keys import identity_token, state_key
 from gateway.limiter import Limiter, rule_spec
-from gateway.redis_backends import StandaloneRunner
+from gateway.redis import make_runner
 from tests.support.redis_proc import RedisProcess
 from tests.support.waiting import wait_until
 
@@ -42,12 +42,12 @@ STOCK = Rule("stock", (), "quota", limit=1_000_000_000)
 
 
 def limiter(url: str) -> Limiter:
-    return Limiter(StandaloneRunner(RedisSettings(url=url, timeout=5.0)))
+    return Limiter(make_runner(RedisSettings(url=url, timeout=5.0)))
 
 
 def route_keys(i: int) -> list[str]:
-    user = identity_token([f"user-{i % 5000}".encode()])
-    item = identity_token([f"item-{i % 50}".encode()])
+    user = identity_token([f"user-{i % 5000}".encode()], ROUTE[0].readable_identity)
+    item = identity_token([f"item-{i % 50}".encode()], ROUTE[1].readable_identity)
     return [state_key("rlgw", "shop", "user", user), state_key("rlgw", "shop", "item", item),
             state_key("rlgw", "shop", "stock", item)]
 
@@ -58,16 +58,16 @@ async def sliding_log_fill(url: str, limit: int, identities: int) -> None:
     for start in range(0, identities, 500):
         for _ in range(limit):
             await asyncio.gather(*[
-                lim.decide(args, [state_key("rlgw", "api", "r", identity_token([f"u{i}".encode()]))], [1])
+                lim.decide(args, [state_key("rlgw", "api", "r", identity_token([f"u{i}".encode()], False))], [1])
                 for i in range(start, min(start + 500, identities))])
-    lim.runner.close()
+    await lim.runner.close()
 
 
 async def route_decisions(url: str, count: int) -> None:
     lim, args = limiter(url), [rule_spec(r) for r in ROUTE]
     for start in range(0, count, 200):
         await asyncio.gather(*[lim.decide(args, route_keys(i), [1, 1, 1]) for i in range(start, start + 200)])
-    lim.runner.close()
+    await lim.runner.close()
 
 
 def cpu_seconds(proc: RedisProcess) -> float:
@@ -100,11 +100,11 @@ async def failover_once(binary: str | None, run_for: float) -> tuple[int, int]:
                 with contextlib.suppress(Exception):
                     assert primary.process is not None
                     primary.process.kill()
-        lim.runner.close()
+        await lim.runner.close()
         replica.client().replicaof("NO", "ONE")
         promoted = limiter(replica.url)
         state = (await promoted.decide(args, [key], [0], peek=True)).rules[0]
-        promoted.runner.close()
+        await promoted.runner.close()
         applied = STOCK.limit - state.remaining
         return admitted, admitted - applied
     finally:
