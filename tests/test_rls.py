@@ -401,6 +401,7 @@ def test_the_same_descriptor_twice_counts_twice(rls: Rls) -> None:
     (request("another", [("key2", "x")], [("", "v")]), "descriptors[1].entries[0] has an empty key"),
     (request("another", [("key2", "x")], [("key2", "v" * 1025)]), "identity.max_length"),
     (request("another", [("key2", "x")], hits=2_000_000_000), "hits_addend must be at most"),
+    (request("no-such-domain", [("key", "x")], hits=2_000_000_000), "hits_addend must be at most"),
 ])
 def test_service_malformed_calls_count_nothing(rls: Rls, body: pb.RateLimitRequest, message: str) -> None:
     key = unique()

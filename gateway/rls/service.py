@@ -169,7 +169,7 @@ def read_call(body: bytes, identity_max: int) -> Call:
     return _read_call(body, identity_max)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=2048)  # about 1.3 KB a call, its bytes included
 def _remembered_call(body: bytes, identity_max: int) -> Call:
     return _read_call(body, identity_max)
 
@@ -252,7 +252,7 @@ def _statuses(call: Descriptors) -> Any:
     return answer
 
 
-MAX_COUNTINGS = 4096  # per runtime: calls remembered with what they count
+MAX_COUNTINGS = 2048  # per runtime: calls remembered with what they count (about 3 KB each)
 
 
 class Compiled(NamedTuple):
