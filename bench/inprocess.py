@@ -9,6 +9,8 @@ and wrk cost is out of it; what is left is the Python a decision runs, which is 
 multiple is made of.
 
     check     the check port, bench/run.py's 3-rule route (as bench/check.py asks it)
+    rls       the RLS port, bench/rls.py's domain (3 descriptors, the same 3 rules), 50 calls a round
+              on one HTTP/2 connection, as bench/rls.py's h2load asks it (frames built beforehand)
     proxy     the proxy port, the same route, forwarding to nginx (bench/run.py's upstream)
     server    the same server and door with a door that answers at once (the server's own share)
     engine    Limiter.decide on keys read once (the engine alone, 50 calls gathered per round)
@@ -36,6 +38,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
+import rls  # noqa: E402  (bench/rls.py: the RLS domain and its message)
 import run  # noqa: E402  (bench/run.py: processes, redis-server, the 3-rule route)
 
 CONNECTIONS = 50
@@ -43,7 +46,8 @@ CHECK_PORT, PROXY_PORT = 8081, 8080
 REQUEST = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8081\r\nX-User-Id: bench-user\r\nX-Forwarded-Method: GET\r\n"
            b"X-Forwarded-Uri: /api/items/42\r\nX-Forwarded-Host: bench\r\n\r\n")
 FORWARDED = b"GET /api/items/42 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nX-User-Id: bench-user\r\n\r\n"
-KINDS = ("server", "engine", "check", "proxy")
+KINDS = ("server", "engine", "check", "rls", "proxy")
+RLS_PORT = 8082
 
 
 class _Served:
@@ -108,8 +112,8 @@ async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: i
     from gateway.settings import Settings
     from gateway.supervisor import server_config
 
-    settings = Settings(port=PROXY_PORT, check_port=CHECK_PORT, admin_port=9099, redis_url=redis_url,
-                        config_path=str(config), log_level="warning")
+    settings = Settings(port=PROXY_PORT, check_port=CHECK_PORT, rls_port=RLS_PORT, admin_port=9099,
+                        redis_url=redis_url, config_path=str(config), log_level="warning")
     composed = compose(settings, load_config(config))
     served = server_config(settings, composed)
     served.load()
@@ -123,6 +127,8 @@ async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: i
     async with composed.lifecycle.lifespan(None):
         if what == "engine":
             return await _engine(composed, rounds, warmup)
+        if what == "rls":
+            return await _rls(composed, rounds, warmup)
         port, request = (PROXY_PORT, FORWARDED) if what == "proxy" else (CHECK_PORT, REQUEST)
         transports = [_Transport(port) for _ in range(CONNECTIONS)]
         protocols = []
@@ -167,6 +173,90 @@ async def _engine(composed: Any, rounds: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         await one_round()
     return await _timed(one_round, rounds)
+
+
+def _rls_rounds(count: int) -> list[bytes]:
+    """What an HTTP/2 client sends: the preface (its windows as large as HTTP/2 allows, so it never
+    needs to read an answer), then per round 50 unary calls of bench/rls.py's message, each a
+    HEADERS and a DATA frame (hyperframe and hpack, h2's own parts)."""
+    from hpack import Encoder
+    from hyperframe.frame import DataFrame, HeadersFrame, SettingsFrame, WindowUpdateFrame
+
+    from gateway.rls import messages as pb
+
+    message = pb.RateLimitRequest(domain="bench")
+    for key, value in (("user", "bench-user"), ("remote_address", "127.0.0.1"), ("global", "all")):
+        message.descriptors.add().entries.add(key=key, value=value)
+    body = rls.grpc_body(message.SerializeToString())
+    encoder = Encoder()
+    head = [(":method", "POST"), (":scheme", "http"), (":path", rls.RLS_PATH), (":authority", "127.0.0.1"),
+            ("content-type", "application/grpc"), ("te", "trailers")]
+    settings = SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    out = [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + settings.serialize() + SettingsFrame(0, flags=["ACK"]).serialize()
+           + WindowUpdateFrame(0, window_increment=2**31 - 1 - 65535).serialize()]
+    stream = 1
+    for _ in range(count):
+        frames = []
+        for _ in range(CONNECTIONS):
+            headers = HeadersFrame(stream, data=encoder.encode(head), flags=["END_HEADERS"])
+            frames += [headers.serialize(), DataFrame(stream, data=body, flags=["END_STREAM"]).serialize()]
+            stream += 2
+        out.append(b"".join(frames))
+    return out
+
+
+async def _rls(composed: Any, rounds: int, warmup: int) -> list[float]:
+    from gateway.rls.server import GrpcProtocol
+
+    # as many frames built for 100 rounds as for 300: --callgrind's two runs differ by the rounds alone
+    sent = iter(_rls_rounds(warmup + max(_segments(rounds) * 100, 300)))
+    served = composed.rls_server
+    protocol = GrpcProtocol(served.calls, served.now, set(), 60.0, served.engine)
+    transport = _Transport(RLS_PORT)
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(next(sent))  # the preface
+    loop = asyncio.get_running_loop()
+    done: list[asyncio.Future[None]] = []
+    written = transport.write
+
+    def write(data: bytes) -> None:
+        written(data)
+        if done and not protocol.tasks and not done[0].done():
+            done[0].set_result(None)
+
+    transport.write = write  # type: ignore[method-assign]
+
+    async def one_round() -> None:
+        target = protocol.answered + CONNECTIONS
+        done[:] = [loop.create_future()]
+        protocol.data_received(next(sent))
+        if protocol.tasks:  # resolved by the write that follows the round's last answer
+            await done[0]
+        if protocol.answered != target:  # an error status is written, not answered
+            raise RuntimeError(f"{target - protocol.answered} calls were not answered OK: {transport.last[-300:]!r}")
+
+    for _ in range(warmup):
+        await one_round()
+    answer = _last_answer(transport.last)
+    if not answer.statuses or not all(status.current_limit.requests_per_unit for status in answer.statuses):
+        raise RuntimeError(f"the calls were not decided by the domain's rules: {answer}")
+    return await _timed(one_round, rounds)
+
+
+def _last_answer(written: bytes) -> Any:
+    """The last RateLimitResponse in what the server wrote (its last DATA frame's gRPC message)."""
+    from hyperframe.frame import DataFrame, Frame
+
+    from gateway.rls import messages as pb
+
+    message, at = b"", 0
+    while at + 9 <= len(written):
+        frame, length = Frame.parse_frame_header(memoryview(written[at:at + 9]))
+        frame.parse_body(memoryview(written[at + 9:at + 9 + length]))
+        if isinstance(frame, DataFrame) and frame.data:
+            message = frame.data[5:]
+        at += 9 + length
+    return pb.RateLimitResponse.FromString(message)
 
 
 async def _timed(one_round: Any, rounds: int) -> list[float]:
@@ -229,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             config = tmp / "routes.yaml"
             # the bench's 3-rule route; budgets valgrind's slowness cannot miss
             config.write_text(run.GATEWAY_CONFIG.format(upstream_port=upstream).replace("timeout: 50ms", "timeout: 5s")
-                              .replace("timeout: 10s", "timeout: 60s"))
+                              .replace("timeout: 10s", "timeout: 60s") + rls.RLS_DOMAIN)
             for what in args.what:
                 if args.callgrind:
                     print(f"{what}: {_callgrind(what, redis_url, config, tmp):,.0f} instructions per request")
