@@ -44,8 +44,6 @@ _NAMES = {name: name.decode().title().replace("Uri", "URI").replace("Url", "URL"
           for name in (FORWARDED_METHOD, FORWARDED_URI, FORWARDED_HOST, FORWARDED_PROTO,
                        ORIGINAL_METHOD, ORIGINAL_URI, ORIGINAL_URL)}  # as the docs spell them
 CONVENTION = frozenset(_NAMES)
-# the original request's body never comes: its framing fields would only mislead the pipeline
-_BODY_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _METHOD = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,32}$")  # RFC 9110 5.6.2 token
 _ANSWERED = (b"content-length", b"0")
 _NOTHING_TO_CHECK: tuple[int, Headers, bytes] = (200, [_ANSWERED], b"")

@@ -149,7 +149,8 @@ class Read(NamedTuple):
 
 
 class Call(NamedTuple):
-    """A RateLimitRequest, checked: nothing in it can make the call fail later."""
+    """A RateLimitRequest, checked as a message (what its domain counts is checked after: at most
+    MAX_RULES distinct limits)."""
 
     domain: str
     hits: int
