@@ -110,7 +110,9 @@ class GrpcProtocol(asyncio.Protocol):
         self.answered = 0
         self.active = time.monotonic()  # when the last call was opened or answered: frames alone never move it
         self.leaving: float | None = None  # when an idle close sent its first GOAWAY (`_leave`)
-        self.closed = asyncio.get_running_loop().create_future()
+        # the connection's loop, kept: asyncio.get_running_loop() makes a getpid() system call each time
+        self.loop = asyncio.get_running_loop()
+        self.closed = self.loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -241,11 +243,11 @@ class GrpcProtocol(asyncio.Protocol):
             return
         call = self._call(stream_id, self.calls[stream.method], message)
         if stream.context is None:
-            task = asyncio.get_running_loop().create_task(call)
+            task = self.loop.create_task(call)
         else:  # the call's task knows the caller's trace context (gateway/tracing.py)
             context = contextvars.copy_context()
             context.run(tracing.CALL_CONTEXT.set, stream.context)
-            task = asyncio.get_running_loop().create_task(call, context=context)
+            task = self.loop.create_task(call, context=context)
         self.tasks[stream_id] = task
 
     async def _call(self, stream_id: int, handler: Unary, message: bytes) -> None:
@@ -266,7 +268,7 @@ class GrpcProtocol(asyncio.Protocol):
             self._finish_if_drained()
         elif not self.flush_due:  # the calls of one Redis batch end in one turn: one write for them all
             self.flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush_later)
+            self.loop.call_soon(self._flush_later)
 
     def _answer(self, stream_id: int, message: bytes) -> None:
         frame = b"\0" + len(message).to_bytes(4, "big") + message
