@@ -5,6 +5,8 @@ identity.max_length, asked twice (the second time from memory), refusals include
 
 from __future__ import annotations
 
+import uuid
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +14,7 @@ from gateway.errors import BadRequest
 from gateway.http.request import _canonical_host, canonical_host
 from gateway.keys import _identity_token, identity_token
 from gateway.rls import messages as pb
-from gateway.rls.service import GrpcError, _read_call, read_call
+from gateway.rls.service import Call, GrpcError, _read_call, read_call
 
 HOSTISH = st.one_of(
     st.binary(max_size=300),
@@ -70,6 +72,12 @@ def _call(domain: str, hits: int, descriptors: list[tuple[list[tuple[str, str]],
     return bytes(message.SerializeToString())
 
 
+def _read(body: bytes, limit: int) -> object:
+    """read_call's Call (not whether it was remembered), or its refusal."""
+    found = _outcome(read_call, body, limit)
+    return found[0] if isinstance(found, tuple) and isinstance(found[0], Call) else found
+
+
 @settings(max_examples=400, deadline=None)
 @given(st.sampled_from(["", "bench"]), st.integers(0, 2**31), DESCRIPTORS, st.sampled_from([4, 8, 1024]),
        st.binary(max_size=8))
@@ -79,5 +87,17 @@ def test_a_remembered_rls_call_is_the_one_read(domain: str, hits: int,
     for body in (_call(domain, hits, descriptors), noise):
         for limit in (identity_max, 1024):  # a value remembered under one length limit is checked under another
             expected = _outcome(_read_call, body, limit)
-            assert _outcome(read_call, body, limit) == expected
-            assert _outcome(read_call, body, limit) == expected
+            for _ in range(3):  # seen once, seen again (remembered), remembered
+                assert _read(body, limit) == expected
+
+
+def test_an_rls_call_is_remembered_from_its_second_sight_and_one_seen_once_is_not() -> None:
+    body = _call("bench", 1, [([("user", uuid.uuid4().hex)], None, None)])
+    first, remembered = read_call(body, 1024)
+    assert not remembered
+    second, remembered = read_call(body, 1024)
+    assert remembered and second == first
+    third, remembered = read_call(body, 1024)
+    assert remembered and third is second  # the same object: what it counts is remembered by its id
+    others = [read_call(_call("bench", 1, [([("user", uuid.uuid4().hex)], None, None)]), 1024) for _ in range(100)]
+    assert not any(remembered for _, remembered in others)

@@ -158,16 +158,28 @@ class Call(NamedTuple):
 
 
 _REMEMBERED_CALL = 1024  # bytes: a call of a few descriptors of usual values
+_SEEN = 16 * 1024  # calls seen once, by their bytes' hash (plain ints: nothing for the collector to walk)
+_seen: set[int] = set()
 
 
-def read_call(body: bytes, identity_max: int) -> Call:
-    """A RateLimitRequest's bytes, parsed and checked; raises GrpcError INVALID_ARGUMENT naming what
-    is wrong. A call of a usual size is remembered: a caller's next calls carry the same bytes (its
-    user, its address), and reading them again costs more than the rest of the service's own part
-    (a GrpcError is never remembered)."""
+def read_call(body: bytes, identity_max: int) -> tuple[Call, bool]:
+    """A RateLimitRequest's bytes, parsed and checked (raises GrpcError INVALID_ARGUMENT naming what
+    is wrong), and whether it is remembered. A caller's next calls carry the same bytes (its user,
+    its address), and reading them again costs more than the rest of the service's own part, so a
+    call of a usual size is remembered from the second time it is seen. A call seen once is not: a
+    stream of calls that never repeat (every address of a large fleet) costs what reading costs,
+    where keeping each would churn the memory and the garbage collector with it. A GrpcError is never
+    remembered."""
     if len(body) <= _REMEMBERED_CALL:
-        return _remembered_call(body, identity_max)
-    return _read_call(body, identity_max)
+        mark = hash(body)
+        if mark in _seen:
+            return _remembered_call(body, identity_max), True
+        call = _read_call(body, identity_max)
+        if len(_seen) >= _SEEN:
+            _seen.clear()
+        _seen.add(mark)
+        return call, False
+    return _read_call(body, identity_max), False
 
 
 @functools.lru_cache(maxsize=2048)  # about 1.3 KB a call, its bytes included
@@ -257,8 +269,8 @@ MAX_COUNTINGS = 2048  # per runtime: calls remembered with what they count (abou
 
 
 class Compiled(NamedTuple):
-    """One runtime's domains, and the calls of its domains without overrides that were counted: a
-    call remembered by read_call is the same object again, and so is what it counts (its keys,
+    """One runtime's domains, and what the remembered calls of its domains without overrides count:
+    a call remembered by read_call is the same object again, and so is what it counts (its keys,
     rules and specs are functions of the call and the domain alone while no identity of the domain's
     route is overridden; one that is, is worked out at every call)."""
 
@@ -293,7 +305,7 @@ class RateLimitService:
             runtime = self.current()
             if runtime is None:
                 raise GrpcError(UNAVAILABLE, "the gateway is starting")
-            call = read_call(body, runtime.config.identity_max_bytes)
+            call, remembered = read_call(body, runtime.config.identity_max_bytes)
             compiled = self._compiled(runtime)
             domain = compiled.domains.get(call.domain)
             if domain is None:  # as envoyproxy/ratelimit: no config, no limit
@@ -303,7 +315,7 @@ class RateLimitService:
                 return _done(response, "no_domain")
             runtime.enter()
             try:
-                return await self._decide(runtime, domain, self._counting(runtime, compiled, domain, call))
+                return await self._decide(runtime, domain, *self._counting(runtime, compiled, domain, call, remembered))
             finally:
                 runtime.leave()
         except GrpcError as exc:
@@ -312,25 +324,31 @@ class RateLimitService:
             raise
 
     @staticmethod
-    def _counting(runtime: Runtime, compiled: Compiled, domain: Domain, read: Call) -> Counting:
+    def _counting(runtime: Runtime, compiled: Compiled, domain: Domain, read: Call,
+                  remembered: bool) -> tuple[Counting, bool]:
+        """What `read` counts, and whether it is remembered (its answer then a template to copy)."""
         overrides = runtime.overrides.get(domain.plan.route.name)
-        if overrides is None:
+        kept = remembered and overrides is None
+        if kept:
             found = compiled.countings.get(id(read))
             if found is not None and found[0] is read:
-                return found[1]
+                return found[1], True
         call = Descriptors(read, domain, overrides, runtime.redis.key_prefix)
         counting = Counting(call, [c.rule for c in call.counted], [c.key for c in call.counted], call.specs,
                             call.any_kinds(domain) if call.counted else None, _statuses(call))
-        if overrides is None:
+        if kept:
             if len(compiled.countings) >= MAX_COUNTINGS:
                 compiled.countings.clear()
             compiled.countings[id(read)] = read, counting
-        return counting
+        return counting, kept
 
-    async def _decide(self, runtime: Runtime, domain: Domain, counting: Counting) -> bytes:
+    async def _decide(self, runtime: Runtime, domain: Domain, counting: Counting, shared: bool) -> bytes:
         call, rules, keys, specs, any_kinds, answer = counting
-        response = pb.RateLimitResponse()
-        response.CopyFrom(answer)
+        if shared:  # a remembered call's: a copy is filled in
+            response = pb.RateLimitResponse()
+            response.CopyFrom(answer)
+        else:
+            response = answer
         if not call.counted:
             return _done(response, "ok")
         route = domain.plan.route
