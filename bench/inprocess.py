@@ -10,7 +10,8 @@ multiple is made of.
 
     check     the check port, bench/run.py's 3-rule route (as bench/check.py asks it)
     rls       the RLS port, bench/rls.py's domain (3 descriptors, the same 3 rules), 50 calls a round
-              on one HTTP/2 connection, as bench/rls.py's h2load asks it (frames built beforehand)
+              on one HTTP/2 connection, as bench/rls.py's h2load asks it (frames built beforehand);
+              `--callers N`: the calls come from N users in turn (1, as h2load; 0: each from a new one)
     proxy     the proxy port, the same route, forwarding to nginx (bench/run.py's upstream)
     server    the same server and door with a door that answers at once (the server's own share)
     engine    Limiter.decide on keys read once (the engine alone, 50 calls gathered per round)
@@ -48,6 +49,7 @@ REQUEST = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1:8081\r\nX-User-Id: bench-user\r\n
 FORWARDED = b"GET /api/items/42 HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nX-User-Id: bench-user\r\n\r\n"
 KINDS = ("server", "engine", "check", "rls", "proxy")
 RLS_PORT = 8082
+CALLERS = 1  # rls: the callers its calls come from in turn (0: every call from a new one)
 
 
 class _Served:
@@ -184,10 +186,14 @@ def _rls_rounds(count: int) -> list[bytes]:
 
     from gateway.rls import messages as pb
 
-    message = pb.RateLimitRequest(domain="bench")
-    for key, value in (("user", "bench-user"), ("remote_address", "127.0.0.1"), ("global", "all")):
-        message.descriptors.add().entries.add(key=key, value=value)
-    body = rls.grpc_body(message.SerializeToString())
+    def body(caller: int) -> bytes:
+        message = pb.RateLimitRequest(domain="bench")
+        for key, value in (("user", f"bench-user-{caller}"), ("remote_address", "127.0.0.1"), ("global", "all")):
+            message.descriptors.add().entries.add(key=key, value=value)
+        return rls.grpc_body(message.SerializeToString())
+
+    bodies = [body(i) for i in range(CALLERS)] if CALLERS else []
+    sent = 0
     encoder = Encoder()
     head = [(":method", "POST"), (":scheme", "http"), (":path", rls.RLS_PATH), (":authority", "127.0.0.1"),
             ("content-type", "application/grpc"), ("te", "trailers")]
@@ -199,8 +205,10 @@ def _rls_rounds(count: int) -> list[bytes]:
         frames = []
         for _ in range(CONNECTIONS):
             headers = HeadersFrame(stream, data=encoder.encode(head), flags=["END_HEADERS"])
-            frames += [headers.serialize(), DataFrame(stream, data=body, flags=["END_STREAM"]).serialize()]
+            message = bodies[sent % CALLERS] if CALLERS else body(sent)  # --callers 0: each call a new caller
+            frames += [headers.serialize(), DataFrame(stream, data=message, flags=["END_STREAM"]).serialize()]
             stream += 2
+            sent += 1
         out.append(b"".join(frames))
     return out
 
@@ -277,7 +285,8 @@ def _callgrind(what: str, redis_url: str, config: Path, tmp: Path) -> float:
         out = tmp / f"callgrind.{what}.{rounds}"
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
                         what, "--rounds", str(rounds), "--warmup", "20", "--redis-url", redis_url,
-                        "--config", str(config), "--connections", str(CONNECTIONS)], check=True, capture_output=True)
+                        "--config", str(config), "--connections", str(CONNECTIONS), "--callers", str(CALLERS)],
+                       check=True, capture_output=True)
         summary = next(line for line in out.read_text(errors="replace").splitlines()
                        if line.startswith(("summary:", "totals:")))
         counts.append(int(summary.split()[1]))
@@ -285,17 +294,19 @@ def _callgrind(what: str, redis_url: str, config: Path, tmp: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global CONNECTIONS
+    global CONNECTIONS, CALLERS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="*", help="server, engine, check, proxy (default: all)")
     parser.add_argument("--rounds", type=int, default=2000, help="rounds of 50 requests measured (2000)")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--connections", type=int, default=CONNECTIONS, help="requests a round (50)")
+    parser.add_argument("--callers", type=int, default=CALLERS,
+                        help="rls: users the calls come from in turn (1; 0: every call from a new one)")
     parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of CPU time")
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)  # a run under callgrind: the parent's Redis
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    CONNECTIONS = args.connections
+    CONNECTIONS, CALLERS = args.connections, args.callers
     args.what = args.what or list(KINDS)
     unknown = set(args.what) - set(KINDS)
     if unknown:
