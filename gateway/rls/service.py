@@ -249,6 +249,7 @@ class Counting(NamedTuple):
     descriptors: Descriptors
     rules: list[Rule]
     keys: list[str]
+    costs: list[int | None]
     specs: list[RuleSpec]
     any_kinds: tuple[str, ...] | None
     answer: Any  # a RateLimitResponse: a status per descriptor, OK, each counted one's current_limit
@@ -285,9 +286,6 @@ class RateLimitService:
     def __init__(self, current: Callable[[], Runtime | None]) -> None:
         self.current = current
         self.compiled: list[Compiled] = []  # the newest runtimes'
-
-    def domains(self, runtime: Runtime) -> dict[str, Domain]:
-        return self._compiled(runtime).domains
 
     def _compiled(self, runtime: Runtime) -> Compiled:
         """The domains of `runtime`'s config, compiled at its first call (two kept: a reload's old
@@ -334,8 +332,8 @@ class RateLimitService:
             if found is not None and found[0] is read:
                 return found[1], True
         call = Descriptors(read, domain, overrides, runtime.redis.key_prefix)
-        counting = Counting(call, [c.rule for c in call.counted], [c.key for c in call.counted], call.specs,
-                            call.any_kinds(domain) if call.counted else None, _statuses(call))
+        counting = Counting(call, [c.rule for c in call.counted], [c.key for c in call.counted], list(call.costs),
+                            call.specs, call.any_kinds(domain) if call.counted else None, _statuses(call))
         if kept:
             if len(compiled.countings) >= MAX_COUNTINGS:
                 compiled.countings.clear()
@@ -343,7 +341,7 @@ class RateLimitService:
         return counting, kept
 
     async def _decide(self, runtime: Runtime, domain: Domain, counting: Counting, shared: bool) -> bytes:
-        call, rules, keys, specs, any_kinds, answer = counting
+        call, rules, keys, costs, specs, any_kinds, answer = counting
         if shared:  # a remembered call's: a copy is filled in
             response = pb.RateLimitResponse()
             response.CopyFrom(answer)
@@ -353,8 +351,7 @@ class RateLimitService:
             return _done(response, "ok")
         route = domain.plan.route
         try:
-            decision, from_memory = await decide(runtime, route.name, rules, keys, list(call.costs), specs,
-                                                 any_kinds=any_kinds)
+            decision, from_memory = await decide(runtime, route.name, rules, keys, costs, specs, any_kinds=any_kinds)
         except RedisUnavailable:
             _count("unavailable")
             raise GrpcError(UNAVAILABLE, "rate limiting is unavailable (Redis); Envoy's failure_mode_deny "
