@@ -329,7 +329,7 @@ def _cookie_value(raw: bytes) -> bytes:
     return value.strip(b" \t")
 
 
-def rule_identity(rule: Rule, view: RequestView) -> list[bytes] | None:
+def rule_identity(rule: Rule, view: RequestView) -> tuple[bytes, ...] | None:
     """The rule's identity parts, or None when the rule is skipped for this request."""
     parts: list[bytes] = []
     limit = view.config.identity_max_bytes
@@ -339,9 +339,9 @@ def rule_identity(rule: Rule, view: RequestView) -> list[bytes] | None:
             if rule.on_missing == "skip":
                 return None
             if rule.on_missing == "ip":
-                return [b"", view.ip.encode()]  # an empty part: never equal to a real identity
+                return (b"", view.ip.encode())  # an empty part: never equal to a real identity
             raise IdentityMissing(rule.name, str(source))
         if len(value) > limit:
             raise BadRequest(f"{source} is longer than {limit} bytes")
         parts.append(value)
-    return parts
+    return tuple(parts)

@@ -30,6 +30,7 @@ from gateway.http.request import Original, Request, read_request
 from gateway.identity import RequestView, rule_identity
 from gateway.keying import keyed, token_of
 from gateway.keys import shown
+from gateway.known_identities import Identified, KnownIdentities
 from gateway.leases import Lease, new_token
 from gateway.limiter import Decision, RuleSpec
 from gateway.outcome import Admit, Answer, DecidedBy, RequestBounds, RequestOutcome
@@ -109,7 +110,7 @@ def _decide_identified(runtime: Runtime, step: Matched, more_body: bool,
     request, plan, view = step
     route = plan.route
     try:
-        identified = identify(plan, view, runtime.overrides.get(route.name))
+        identified = identify(plan, view, runtime.overrides.get(route.name), runtime.known)
     except IdentityMissing as exc:
         return _answer(problem(400, str(exc), route=route.name, rule=exc.rule), RequestOutcome.BAD_REQUEST,
                        request, route=route.name, rule=exc.rule)
@@ -230,7 +231,7 @@ def decide_now(runtime: Runtime, scope: Scope, limits: RequestBounds) -> Answer 
     if plan.needs_body or not runtime.refusals.enabled or not plan.rules:
         return None
     try:
-        identified = identify(plan, view, runtime.overrides.get(plan.route.name))
+        identified = identify(plan, view, runtime.overrides.get(plan.route.name), runtime.known)
     except (IdentityMissing, BadRequest):
         return None
     rules, keys, costs, _, _, parts = identified
@@ -331,7 +332,7 @@ def _answer(response: tuple[int, Headers, bytes], outcome: RequestOutcome, reque
     return Answer(status, headers, body, outcome, route, rule, close, request_id)
 
 
-def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], parts: list[list[bytes] | None],
+def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], parts: list[tuple[bytes, ...] | None],
              decision: Decision, decided_by: DecidedBy, request_id: bytes | None) -> Answer:
     by = decision.refused_by
     assert by is not None
@@ -343,26 +344,32 @@ def _refused(plan: RoutePlan, rules: list[Rule], keys: list[str], parts: list[li
                   usable_request_id(request_id), decided_by, identity)
 
 
-class Identified(NamedTuple):
-    rules: list[Rule]             # the rules this request has identities for
-    keys: list[str]               # one per rule of the route ...
-    costs: list[int | None]       # ... None where the rule sits out (on_missing: skip)
-    args: tuple[RuleSpec, ...]    # the specs of the request's shard
-    shard: int
-    parts: list[list[bytes] | None]  # per rule of the route, its identity parts as read
-
-
-def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = None) -> Identified:
+def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = None,
+             known: KnownIdentities | None = None) -> Identified:
     """The request's rules, keys and costs, each rule as overridden for its identity where it is
-    (gateway/overrides.py). Raises IdentityMissing or BadRequest."""
+    (gateway/overrides.py). Raises IdentityMissing or BadRequest. With `known`, identities seen
+    before come to what they came to then (gateway/known_identities.py); none of it is ever
+    mutated by who reads it."""
+    if known is None or overrides or not plan.costs_fixed:
+        return _identify(plan, view, overrides)
+    read = [rule_identity(rule, view) for rule in plan.rules]
+    key = (plan.route.name, *read)
+    found = known.get(key)
+    if found is None:
+        found = _identify(plan, view, None, read)
+        known.put(key, found)
+    return found
+
+
+def _identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None,
+              read: list[tuple[bytes, ...] | None] | None = None) -> Identified:
+    if read is None:
+        read = [rule_identity(rule, view) for rule in plan.rules]
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []
-    read: list[list[bytes] | None] = []
     args, shard = plan.args, 0
-    for i, rule in enumerate(plan.rules):
-        parts = rule_identity(rule, view)
-        read.append(parts)
+    for i, parts in enumerate(read):
         if i == 0 and plan.shards > 1:  # the first rule's identity picks the shard (gateway.keys)
             shard = plan.shard_of(parts)
             args = plan.shard_args[shard]

@@ -4,6 +4,7 @@ of a Runtime."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ class RoutePlan:
     holds_slots: bool = False  # concurrency rules: a request holds its slots while in flight (gateway/leases.py)
     # token budgets: the answer's JSON paths their settlement reads (gateway/usage.py)
     usage_paths: tuple[tuple[str, ...], ...] = ()
+    costs_fixed: bool = False  # no request declares its cost (a cost header, a token budget): the file's
 
     @property
     def settles(self) -> bool:
@@ -46,7 +48,7 @@ class RoutePlan:
     def shards(self) -> int:
         return self.route.shards
 
-    def shard_of(self, first_parts: list[bytes] | None) -> int:
+    def shard_of(self, first_parts: Sequence[bytes] | None) -> int:
         """The shard of a request whose first rule has these identity parts (as read: a secret
         one counts as its fingerprint, so the admin port finds the shard from that alone)."""
         if self.route.shards == 1 or not first_parts:
@@ -87,4 +89,5 @@ def route_plan(route: Route, key_prefix: str, client: UpstreamClient | None) -> 
         withheld=frozenset(rule.cost_response_header.encode() for rule in route.limits if rule.cost_response_header),
         holds_slots=any(rule.algorithm == "concurrency" for rule in route.limits),
         usage_paths=tuple(dict.fromkeys(rule.settle_field for rule in route.limits if rule.settle_field)),
+        costs_fixed=not any(rule.cost_header or rule.reserve_field for rule in route.limits),
     )

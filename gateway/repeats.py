@@ -52,7 +52,7 @@ class Seen:
     __slots__ = ("costs", "keys", "parts", "rendered", "request_id", "route", "rules")
 
     def __init__(self, route: Route, rules: list[Rule], keys: list[str], costs: list[int | None],
-                 request_id: bytes | None, parts: list[list[bytes] | None]) -> None:
+                 request_id: bytes | None, parts: list[tuple[bytes, ...] | None]) -> None:
         self.route = route
         self.parts = parts  # each rule's identity parts, for the refusal's access log line and /top
         self.rules = rules

@@ -14,6 +14,7 @@ from gateway.api_keys import KeyTable
 from gateway.breaker import Breaker, BreakerState
 from gateway.config import Config, RedisSettings
 from gateway.identity import JwtVerifier
+from gateway.known_identities import KnownIdentities
 from gateway.leases import Leases
 from gateway.limiter import Limiter
 from gateway.match import Router
@@ -40,6 +41,7 @@ class Runtime:
     settler: Settler | None = None  # charges and refunds after the answer (gateway/settlement.py)
     leases: Leases | None = None    # concurrency slots held and given back (gateway/leases.py)
     repeats: Repeats = field(default_factory=Repeats)  # ... and the requests they were held for
+    known: KnownIdentities = field(default_factory=KnownIdentities)  # identities' keys (gateway/known_identities.py)
     overrides: dict[str, RouteTable] = field(default_factory=dict)  # per route: gateway/overrides.py
     keys: KeyTable | None = None  # the deployment's API keys, when the config has `keys:` (gateway/api_keys.py)
     guards: dict[str, Guard] = field(default_factory=dict)  # per protected route: its limit in flight (protect:)

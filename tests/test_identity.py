@@ -170,7 +170,7 @@ def test_on_missing_reject_skip_ip_and_length_bound() -> None:
     skip = Rule("s", (Source("header", "x-user"),), "quota", limit=1, on_missing="skip")
     assert rule_identity(skip, view) is None
     fallback = Rule("f", (Source("header", "x-user"),), "quota", limit=1, on_missing="ip")
-    assert rule_identity(fallback, view) == [b"", b"10.0.0.2"]
+    assert rule_identity(fallback, view) == (b"", b"10.0.0.2")
     too_long = Rule("l", (Source("header", "x-long"),), "quota", limit=1)
     with pytest.raises(BadRequest):
         rule_identity(too_long, view)
