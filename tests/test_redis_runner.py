@@ -286,6 +286,47 @@ def test_calls_that_wait_out_their_budget_behind_a_hung_batch_fail_and_the_runne
 
 
 @pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
+def test_calls_that_fail_behind_a_hung_batch_count_with_it_once_toward_the_breaker(loop_factory: str) -> None:
+    """Calls whose budget ran out while they waited behind a batch Redis left unanswered were never
+    sent: they fail with that batch's failure, one failure for the breaker, not two. (Counting them
+    again, a stall of about two and a half budgets under load made the five failures that open the
+    breaker, and the limits were off for a second.) A batch sent to a Redis still stalled is a
+    failure of its own."""
+    proc = RedisProcess()
+    proc.start()
+    assert proc.process is not None
+    pid = proc.process.pid
+
+    async def main() -> None:
+        limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=0.05)), breaker=Breaker(failures_to_open=2))
+        await limiter.decide(QUOTA, [_key()], [1])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            first = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)  # the first batch is on the wire
+            behind = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+            await asyncio.sleep(0)
+            time.sleep(0.08)  # noqa: ASYNC251 (the loop held past both deadlines: `behind` is never sent)
+            done = await asyncio.wait_for(asyncio.gather(first, behind, return_exceptions=True), 2.0)
+            assert all(isinstance(e, RedisTimeout) for e in done), done
+            assert done[0] is done[1]
+            assert limiter.breaker_state.name == "CLOSED"
+            sent = await asyncio.wait_for(asyncio.gather(limiter.decide(QUOTA, [_key()], [1]),
+                                                         return_exceptions=True), 2.0)
+            assert isinstance(sent[0], RedisTimeout)
+            assert limiter.breaker_state.name == "OPEN"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await limiter.close()
+
+    try:
+        _run_bounded(main(), loop_factory)
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("loop_factory", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("held", ["before the batch starts", "while the reply waits"])
 def test_a_loop_held_past_the_budget_while_redis_answers_costs_no_timeout(
         redis_proc: RedisProcess, loop_factory: str, held: str) -> None:

@@ -27,18 +27,20 @@ each node's part on a connection of that node); calls queued meanwhile wait for 
 and so ride in bigger batches when Redis is busy or slow (the deadline is still that of the first
 of them).
 
-The budget is for Redis's time, not the event loop's. A saturated worker runs tens of
-milliseconds of other requests' work between a reply's arrival and the step that reads it, and
-uvloop runs a due timer before it polls the sockets at all. So a deadline that passes is checked
-against the wire: a batch whose reply is already waiting (in the socket, or read and not yet parsed:
-`reply_waiting`), or that read replies since its budget began (a large pipeline's come as Redis
-works through it), was answered in time and gets a new budget instead of failing. Only a batch
-that Redis leaves unanswered for a whole budget fails, and only calls queued behind one that failed
-fail without being sent. Counting the loop's time had failed decisions Redis answered in under a
-millisecond whenever the worker was saturated; the breaker opened, the fail-open route then
-forwarded everything, the loop got busier still, and nothing came back. A batch that spent most of
-its budget waiting for its first step did the same more quietly: sent with 2 ms of a 20 ms budget
-left, it failed if Redis took 3, and one failed batch is enough calls to open the breaker.
+The budget is for Redis's time, not the event loop's. A saturated worker runs tens of milliseconds
+of other requests' work between a reply's arrival and the step that reads it, and uvloop runs a due
+timer before it polls the sockets at all. So a deadline that passes is checked against the wire: a
+batch whose reply is already waiting (in the socket, or read and not yet parsed: `reply_waiting`),
+or that read replies since its budget began (a large pipeline's come as Redis works through it), was
+answered in time and gets a new budget instead of failing. Only a batch that Redis leaves unanswered
+for a whole budget fails, and only calls queued behind one that failed fail without being sent, with
+that batch's failure (the same exception object): the breaker counts a stall once per batch Redis
+left unanswered, not again for the calls that waited behind it. Counting the loop's time had failed
+decisions Redis answered in under a millisecond whenever the worker was saturated; the breaker
+opened, the fail-open route then forwarded everything, the loop got busier still, and nothing came
+back. A batch that spent most of its budget waiting for its first step did the same more quietly:
+sent with 2 ms of a 20 ms budget left, it failed if Redis took 3, and one failed batch is enough
+calls to open the breaker.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class Batcher:
         self._expired: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
         self._answering = True  # did Redis answer the last batch that ended? (see the module's doc)
+        self._unanswered: BaseException | None = None  # ... the failure of the last one it did not
         self._progress: dict[asyncio.Task[None], int] = {}  # replies a batch had read at its last deadline
 
     def failure_domain(self, key: str) -> int | None:
@@ -222,20 +225,23 @@ class Batcher:
             if now < deadline:
                 await self._send(batch)
                 self._answering = True
-            else:  # its calls spent their budget waiting for a batch Redis did not answer
-                self._fail(batch, self._timed_out())
+            else:  # its calls spent their budget waiting behind a batch Redis did not answer: they fail
+                # with that batch's failure, one failure for the breaker (it counts an object once)
+                self._fail(batch, self._unanswered or self._timed_out())
         except asyncio.CancelledError:
             # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
             if task in self._expired and task.uncancel() == 0:
                 self._answering = False
-                self._fail(batch, self._timed_out())
+                self._unanswered = self._timed_out()
+                self._fail(batch, self._unanswered)
             else:  # the loop is shutting down: so are the callers
                 for call in batch:
                     call.future.cancel()
                 raise
         except REDIS_FAILURES as exc:
             self._answering = False
-            self._fail(batch, convert(exc))
+            self._unanswered = convert(exc)
+            self._fail(batch, self._unanswered)
         except BaseException as exc:  # a bug: never leave a caller hanging
             self._fail(batch, exc)
             raise
