@@ -98,7 +98,7 @@ class _Headed(NamedTuple):
     rules: tuple[Rule, ...]  # held: the ids in the cache key cannot be reused while cached
     policies: tuple[_Policy, ...]
     enforced: tuple[int, ...]  # the rules that are not shadows
-    policy_field: dict[int, bytes]
+    firsts: dict[int, tuple[tuple[int, ...], bytes]]  # per rule named first: the order, the Policy value
     until: float
 
 
@@ -135,7 +135,11 @@ def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> H
         return []
     headed = _headed(rules)
     policies = headed.policies
-    order = [first, *(i for i in headed.enforced if i != first)]
+    known = headed.firsts.get(first)
+    if known is None:
+        order = (first, *(i for i in headed.enforced if i != first))
+        known = headed.firsts[first] = order, b", ".join(policies[i].policy for i in order)
+    order = known[0]
     states = decision.rules
     headers: Headers = []
     if mode != "legacy":  # draft or both
@@ -148,10 +152,7 @@ def ratelimit_headers(mode: str, rules: Sequence[Rule], decision: Decision) -> H
                 items.append(policies[i].name + b"%d;t=%d" % (remaining, -(-reset // 1000)))
             else:
                 items.append(policies[i].name + b"%d" % remaining)
-        policy_field = headed.policy_field.get(first)
-        if policy_field is None:
-            policy_field = headed.policy_field[first] = b", ".join(policies[i].policy for i in order)
-        headers.append((b"ratelimit-policy", policy_field))
+        headers.append((b"ratelimit-policy", known[1]))
         headers.append((b"ratelimit", b", ".join(items)))
     if mode != "draft":  # legacy or both
         state = states[first]
