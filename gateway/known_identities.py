@@ -7,8 +7,9 @@ call (gateway/rls/service.py).
 Only what cannot change between two requests is kept: a route whose costs a request declares (a
 cost header, a token budget) is never remembered, nor a request while its route has overrides
 (gateway/overrides.py, which change at any time), and the identities are read from every request.
-Bounded: at most `MAX_KNOWN` per runtime (about 1 KB each with identities of a usual length, at most
-a few KB with the longest `identity.max_length` allows), all forgotten when full."""
+Bounded: at most `MAX_KNOWN` per runtime, all forgotten when full: about 1.2 KB each for three rules
+and a 20-byte user (tracemalloc), 2.4 MB full; identities of the longest `identity.max_length` allows
+add their own bytes (a key of theirs is a digest)."""
 
 from __future__ import annotations
 
