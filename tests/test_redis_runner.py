@@ -290,12 +290,18 @@ def test_calls_that_fail_behind_a_hung_batch_count_with_it_once_toward_the_break
     """Calls whose budget ran out while they waited behind a batch Redis left unanswered were never
     sent: they fail with that batch's failure, one failure for the breaker, not two. (Counting them
     again, a stall of about two and a half budgets under load made the five failures that open the
-    breaker, and the limits were off for a second.) A batch sent to a Redis still stalled is a
-    failure of its own."""
+    breaker, and the limits were off for a second.) They end that batch's turn: once Redis answers,
+    the next batch has a budget of its own even if the loop is held past it before the batch starts
+    (were it failed on the old batch's account, a busy loop would fail every call, uncounted, with
+    Redis answering). A batch sent to a Redis that is stalled is a failure of its own."""
     proc = RedisProcess()
     proc.start()
     assert proc.process is not None
     pid = proc.process.pid
+
+    async def stalled(limiter: Limiter) -> Any:
+        return (await asyncio.wait_for(asyncio.gather(limiter.decide(QUOTA, [_key()], [1]),
+                                                      return_exceptions=True), 2.0))[0]
 
     async def main() -> None:
         limiter = Limiter(make_runner(RedisSettings(url=proc.url, timeout=0.05)), breaker=Breaker(failures_to_open=2))
@@ -312,9 +318,18 @@ def test_calls_that_fail_behind_a_hung_batch_count_with_it_once_toward_the_break
             assert all(isinstance(e, RedisTimeout) for e in done), done
             assert done[0] is done[1]
             assert limiter.breaker_state.name == "CLOSED"
-            sent = await asyncio.wait_for(asyncio.gather(limiter.decide(QUOTA, [_key()], [1]),
-                                                         return_exceptions=True), 2.0)
-            assert isinstance(sent[0], RedisTimeout)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for _ in range(3):  # Redis answers; the loop is held past the budget before each batch starts
+            call = asyncio.ensure_future(limiter.decide(QUOTA, [_key()], [1]))
+            await asyncio.sleep(0)
+            time.sleep(0.08)  # noqa: ASYNC251
+            assert (await asyncio.wait_for(call, 2.0)).admitted
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert isinstance(await stalled(limiter), RedisTimeout)
+            assert limiter.breaker_state.name == "CLOSED"
+            assert isinstance(await stalled(limiter), RedisTimeout)  # sent, and left unanswered: counted
             assert limiter.breaker_state.name == "OPEN"
         finally:
             os.kill(pid, signal.SIGCONT)

@@ -35,7 +35,9 @@ or that read replies since its budget began (a large pipeline's come as Redis wo
 answered in time and gets a new budget instead of failing. Only a batch that Redis leaves unanswered
 for a whole budget fails, and only calls queued behind one that failed fail without being sent, with
 that batch's failure (the same exception object): the breaker counts a stall once per batch Redis
-left unanswered, not again for the calls that waited behind it. Counting the loop's time had failed
+left unanswered, not again for the calls that waited behind it. Those calls end that batch's turn:
+the next batch has a budget of its own from when it is sent, so a loop that stays busier than the
+budget after the stall never fails a call Redis would answer. Counting the loop's time had failed
 decisions Redis answered in under a millisecond whenever the worker was saturated; the breaker
 opened, the fail-open route then forwarded everything, the loop got busier still, and nothing came
 back. A batch that spent most of its budget waiting for its first step did the same more quietly:
@@ -226,8 +228,12 @@ class Batcher:
                 await self._send(batch)
                 self._answering = True
             else:  # its calls spent their budget waiting behind a batch Redis did not answer: they fail
-                # with that batch's failure, one failure for the breaker (it counts an object once)
-                self._fail(batch, self._unanswered or self._timed_out())
+                # with that batch's failure, one failure for the breaker (it counts an object once).
+                # What they waited for has ended: the next batch asks Redis afresh, with a budget of
+                # its own, and counts for itself if Redis leaves it unanswered too.
+                failure, self._unanswered = self._unanswered, None
+                self._answering = True
+                self._fail(batch, failure.with_traceback(None) if failure is not None else self._timed_out())
         except asyncio.CancelledError:
             # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
             if task in self._expired and task.uncancel() == 0:
