@@ -350,9 +350,9 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
     (gateway/overrides.py). Raises IdentityMissing or BadRequest. With `known`, identities seen
     before come to what they came to then (gateway/known_identities.py); none of it is ever
     mutated by who reads it."""
-    if known is None or overrides or not plan.costs_fixed:
-        return _identify(plan, view, overrides)
     read = [rule_identity(rule, view) for rule in plan.rules]
+    if known is None or overrides or not plan.costs_fixed:
+        return _identify(plan, view, overrides, read)
     key = (plan.route.name, *read)
     found = known.get(key)
     if found is None:
@@ -362,9 +362,7 @@ def identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None = 
 
 
 def _identify(plan: RoutePlan, view: RequestView, overrides: RouteTable | None,
-              read: list[tuple[bytes, ...] | None] | None = None) -> Identified:
-    if read is None:
-        read = [rule_identity(rule, view) for rule in plan.rules]
+              read: list[tuple[bytes, ...] | None]) -> Identified:
     rules: list[Rule] = []
     keys: list[str] = []
     costs: list[int | None] = []

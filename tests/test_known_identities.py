@@ -18,7 +18,7 @@ from gateway.http.request import read_request
 from gateway.identity import RequestView
 from gateway.known_identities import MAX_KNOWN, KnownIdentities
 from gateway.overrides import entry
-from gateway.pipeline import _identify, identify
+from gateway.pipeline import identify
 from gateway.plan import RoutePlan, route_plan
 
 ROUTES = """
@@ -76,7 +76,7 @@ def test_an_identity_seen_before_comes_to_what_is_computed(requests: list[Any]) 
     known = KnownIdentities()
     for request in requests * 2:  # every identity a second time at least
         plan, view = _asked(request)
-        assert _outcome(identify, plan, view, None, known) == _outcome(_identify, plan, view, None)
+        assert _outcome(identify, plan, view, None, known) == _outcome(identify, plan, view, None)
 
 
 def test_a_declared_cost_is_read_from_every_request() -> None:

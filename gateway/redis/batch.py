@@ -150,8 +150,8 @@ class Batcher:
         self._in_flight: dict[asyncio.Task[None], float] = {}  # batch -> its deadline, oldest first
         self._expired: set[asyncio.Task[None]] = set()
         self._watchdog: asyncio.TimerHandle | None = None
-        self._answering = True  # did Redis answer the last batch that ended? (see the module's doc)
-        self._unanswered: BaseException | None = None  # ... the failure of the last one it did not
+        # the failure of the last batch that ended, if Redis left it unanswered (see the module's doc)
+        self._unanswered: BaseException | None = None
         self._progress: dict[asyncio.Task[None], int] = {}  # replies a batch had read at its last deadline
 
     def failure_domain(self, key: str) -> int | None:
@@ -215,7 +215,8 @@ class Batcher:
         assert task is not None
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if self._answering:
+        unanswered = self._unanswered
+        if unanswered is None:
             deadline = now + self.timeout  # the time queued went on the loop's other work, not on Redis
         self._in_flight[task] = deadline
         watchdog = self._watchdog
@@ -224,20 +225,18 @@ class Batcher:
                 watchdog.cancel()
             self._watchdog = loop.call_at(deadline, self._expire)
         try:
-            if now < deadline:
+            if unanswered is None or now < deadline:
                 await self._send(batch)
-                self._answering = True
+                self._unanswered = None
             else:  # its calls spent their budget waiting behind a batch Redis did not answer: they fail
                 # with that batch's failure, one failure for the breaker (it counts an object once).
                 # What they waited for has ended: the next batch asks Redis afresh, with a budget of
                 # its own, and counts for itself if Redis leaves it unanswered too.
-                failure, self._unanswered = self._unanswered, None
-                self._answering = True
-                self._fail(batch, failure.with_traceback(None) if failure is not None else self._timed_out())
+                self._unanswered = None
+                self._fail(batch, unanswered.with_traceback(None))
         except asyncio.CancelledError:
             # its deadline passed (and nothing else cancelled it): a timeout, as asyncio.timeout says
             if task in self._expired and task.uncancel() == 0:
-                self._answering = False
                 self._unanswered = self._timed_out()
                 self._fail(batch, self._unanswered)
             else:  # the loop is shutting down: so are the callers
@@ -245,7 +244,6 @@ class Batcher:
                     call.future.cancel()
                 raise
         except REDIS_FAILURES as exc:
-            self._answering = False
             self._unanswered = convert(exc)
             self._fail(batch, self._unanswered)
         except BaseException as exc:  # a bug: never leave a caller hanging

@@ -232,7 +232,7 @@ class ClusterRunner(Batcher):
                     node.release(connection)
         except REDIS_FAILURES as exc:
             raise convert(exc) from exc
-        self._answering = True
+        self._unanswered = None
 
     def _node(self, host: str, port: int) -> ClusterNode:
         """The ASK target: a node of the map, or one not in it yet (it owns no slot so far)."""

@@ -118,7 +118,7 @@ class PipelineRunner(Batcher):
         if self._spare is not None:
             await self._put_back(self._spare)
         self._spare = connection
-        self._answering = True
+        self._unanswered = None
 
     async def _put_back(self, connection: AbstractConnection) -> None:
         """Close a connection of ours and give it back to the pool."""
