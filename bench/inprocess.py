@@ -10,11 +10,14 @@ multiple is made of.
 
     check     the check port, bench/run.py's 3-rule route (as bench/check.py asks it)
     rls       the RLS port, bench/rls.py's domain (3 descriptors, the same 3 rules), 50 calls a round
-              on one HTTP/2 connection, as bench/rls.py's h2load asks it (frames built beforehand);
-              `--callers N`: the calls come from N users in turn (1, as h2load; 0: each from a new one)
+              on one HTTP/2 connection, as bench/rls.py's h2load asks it (frames built beforehand)
     proxy     the proxy port, the same route, forwarding to nginx (bench/run.py's upstream)
     server    the same server and door with a door that answers at once (the server's own share)
     engine    Limiter.decide on keys read once (the engine alone, 50 calls gathered per round)
+
+`--callers N`: the requests (check, proxy) and calls (rls) come from N users in turn (1, as wrk
+and h2load ask; 0: each from a new one), so what the gateway remembers per caller is measured
+with as many callers as it keeps (2,048) and more.
 
 `--connections 1`: one request a round, so every decision is a batch of its own (a lone decision's
 cost, bench/run.py's one-connection rows without the kernel's part).
@@ -139,11 +142,13 @@ async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: i
             protocol.connection_made(transport)  # type: ignore[arg-type]
             protocols.append(protocol)
 
+        sent = iter(_http_rounds(request, warmup + _segments(rounds) * 100))
+
         async def one_round() -> None:
             state.target = state.answered + CONNECTIONS
             state.done = asyncio.get_running_loop().create_future()
-            for protocol in protocols:
-                protocol.data_received(request)
+            for protocol, data in zip(protocols, next(sent), strict=True):
+                protocol.data_received(data)
             await state.done
 
         for _ in range(warmup):
@@ -152,6 +157,17 @@ async def _serve(what: str, redis_url: str, config: Path, rounds: int, warmup: i
         if not answer.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"the request was not admitted: {answer[:300]!r}")
         return await _timed(one_round, rounds)
+
+
+def _http_rounds(request: bytes, count: int) -> list[list[bytes]]:
+    """`count` rounds of the request, one a connection: from CALLERS users in turn (X-User-Id), or
+    (CALLERS 0) each from a new one. Built beforehand, so the harness costs the same either way."""
+    if CALLERS == 1:
+        return [[request] * CONNECTIONS] * count
+    users = CALLERS or count * CONNECTIONS
+    made = [request.replace(b"X-User-Id: bench-user", b"X-User-Id: bench-user-%d" % i)
+            for i in range(min(users, count * CONNECTIONS))]
+    return [[made[(r * CONNECTIONS + c) % users] for c in range(CONNECTIONS)] for r in range(count)]
 
 
 async def _engine(composed: Any, rounds: int, warmup: int) -> list[float]:
@@ -301,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--connections", type=int, default=CONNECTIONS, help="requests a round (50)")
     parser.add_argument("--callers", type=int, default=CALLERS,
-                        help="rls: users the calls come from in turn (1; 0: every call from a new one)")
+                        help="check, proxy, rls: users the requests come from in turn (1; 0: each from a new one)")
     parser.add_argument("--callgrind", action="store_true", help="count instructions (valgrind) instead of CPU time")
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)  # a run under callgrind: the parent's Redis
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
