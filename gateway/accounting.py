@@ -12,6 +12,7 @@ from starlette.types import Scope
 from gateway import metrics
 from gateway.config import Config
 from gateway.outcome import Admit, Answer, RequestOutcome
+from gateway.request_id import new_request_id
 from gateway.top import TopRefused
 
 access_log = logging.getLogger("gateway.access")
@@ -23,7 +24,8 @@ class Accounting:
 
     def account(self, config: Config, scope: Scope, request_id: bytes, result: Admit | Answer, status: int,
                 started: float) -> None:
-        """Count one request in the metrics and the top refused, and write its access log line."""
+        """Count one request in the metrics and the top refused, and write its access log line
+        (`request_id` b"": one is made for it)."""
         route = result.route
         outcome, decided_by = result.outcome, result.decided_by
         rule, identity = (result.rule, result.identity) if isinstance(result, Answer) else ("", "")
@@ -34,7 +36,7 @@ class Accounting:
             self.top.record(route, rule, identity, result.consumer)
         if config.access_log:
             access_log.info(json.dumps({
-                "request_id": request_id.decode("latin-1"),
+                "request_id": (request_id or new_request_id()).decode("latin-1"),
                 "method": scope.get("method"),
                 "path": scope.get("path", "")[:512],
                 "client": (scope.get("client") or ("",))[0],

@@ -19,7 +19,6 @@ from starlette.types import Scope
 
 from gateway.accounting import Accounting
 from gateway.outcome import GONE, Admit, Answer
-from gateway.request_id import new_request_id
 from gateway.runtime import Runtime
 
 
@@ -32,7 +31,7 @@ class Envelope:
         self.scope = scope            # the request as accounted (the check port's: the original's)
         self.result: Admit | Answer = GONE  # until decided: a call cancelled before it was
         self.status = 499             # until an answer is sent
-        self.request_id = b""         # b"": a new one is made for the access log
+        self.request_id = b""         # b"": the access log makes one (a check answers none)
         self.started = 0.0
 
     def __enter__(self) -> Envelope:
@@ -45,7 +44,7 @@ class Envelope:
         try:
             if kind is None or issubclass(kind, asyncio.CancelledError):
                 status = 499 if kind is not None else self.status
-                self.accounting.account(self.runtime.config, self.scope, self.request_id or new_request_id(),
+                self.accounting.account(self.runtime.config, self.scope, self.request_id,
                                         self.result, status, self.started)
         finally:
             result = self.result

@@ -231,13 +231,17 @@ def test_the_client_address_comes_through_the_trusted_proxies(gateway: GatewayPr
 
 def test_the_access_log_and_metrics_name_the_original_request(gateway: GatewayProcess) -> None:
     check(gateway, traefik("POST", "/shop/55?q=1", "logged"))
+    check(gateway, traefik("POST", "/shop/55?q=2", "logged"))
 
     def logged() -> list[dict[str, object]]:
         return [json.loads(line) for line in gateway.out_path.read_text().splitlines() if line.startswith("{")]
 
-    wait_until(lambda: any(e.get("path") == "/shop/55" for e in logged()), timeout=5)
-    entry = next(e for e in logged() if e.get("path") == "/shop/55")
+    wait_until(lambda: sum(e.get("path") == "/shop/55" for e in logged()) == 2, timeout=5)
+    entries = [e for e in logged() if e.get("path") == "/shop/55"]
+    entry = entries[0]
     assert entry["method"] == "POST" and entry["route"] == "shop" and entry["decision"] == "admitted"
+    ids = [e["request_id"] for e in entries]  # a check answers no X-Request-Id; its log line has one of its own
+    assert all(isinstance(i, str) and len(i) == 32 for i in ids) and ids[0] != ids[1]
     metrics = httpx.get(gateway.admin_url + "/metrics").text
     assert 'gateway_requests_total{decided_by="redis",outcome="admitted",route="shop"}' in metrics
 
