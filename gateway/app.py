@@ -69,7 +69,7 @@ def compose(settings: Settings, config: Config | None = None, transport: str = "
         service = RateLimitService(lifecycle.current)
         rls_server = GrpcServer({SHOULD_RATE_LIMIT.encode(): tracing.rls_call(service.should_rate_limit)},
                                 {HEALTH_CHECK.encode(): lambda body: health(body, lifecycle.current())},
-                                settings.rls_idle_timeout)
+                                settings.rls_idle_timeout, body_timeout=settings.rls_body_timeout)
     return Composed(Doors(app, by_port), lifecycle, endpoint, rls_server, doors)
 
 

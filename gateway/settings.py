@@ -38,6 +38,7 @@ class Settings:
     rls_tls_cert: str | None = None        # ... over TLS (ALPN h2) with this certificate chain and key
     rls_tls_key: str | None = None
     rls_idle_timeout: float = 10.0         # an RLS connection that opens no call for this long is closed
+    rls_body_timeout: float = 10.0         # an RLS call whose body has not ended after this long is reset
 
     @property
     def decision_only(self) -> bool:
@@ -133,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
            chart="rls.tls.secretName", metavar="PEM"),
     Option("rls_idle_timeout", "GATEWAY_RLS_IDLE_TIMEOUT", float,
            "seconds an RLS connection may go without a call before it is closed (PING and other frames do not count)"),
+    Option("rls_body_timeout", "GATEWAY_RLS_BODY_TIMEOUT", float,
+           "seconds an RLS call's body may take to end before its stream is reset (CANCEL)"),
     Option("redis_url", "GATEWAY_REDIS_URL", str, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
            chart="redis.url", unset="routes.yaml's, else the embedded Redis", metavar="URL"),
     Option("data_dir", "GATEWAY_DATA_DIR", str, "where the embedded Redis persists its state", "--data-dir",

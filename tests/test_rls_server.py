@@ -25,7 +25,7 @@ import httpx
 import pytest
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame, HeadersFrame, PingFrame
 
-from gateway.rls.server import BODY_TIMEOUT, MAX_MESSAGE
+from gateway.rls.server import MAX_MESSAGE
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.patience import within
 from tests.support.ports import free_port
@@ -218,15 +218,18 @@ def test_headers_past_16_kib_are_refused(port: int) -> None:
         raw.close()
 
 
-def test_a_body_that_never_ends_and_a_connection_that_asks_nothing_time_out(port: int) -> None:
-    asks_nothing = Raw(port)
-    stalls = Raw(port)
+def test_a_body_that_never_ends_and_a_connection_that_asks_nothing_time_out(short_idle_port: int) -> None:
+    """GATEWAY_RLS_BODY_TIMEOUT and GATEWAY_RLS_IDLE_TIMEOUT (IDLE seconds here; 10 by default)."""
+    asks_nothing = Raw(short_idle_port)
+    stalls = Raw(short_idle_port)
     try:
+        started = time.monotonic()
         stream = stalls.call(b"partial", end=False)
-        until = time.monotonic() + BODY_TIMEOUT + 5
-        reset = next((e for e in stalls.events(until) if isinstance(e, h2.events.StreamReset)), None)
+        reset = next((e for e in stalls.events(started + within(IDLE + 5)) if isinstance(e, h2.events.StreamReset)),
+                     None)
         assert reset is not None and reset.stream_id == stream
-        assert "closed" in list(asks_nothing.events(time.monotonic() + 5))
+        assert time.monotonic() - started >= IDLE  # not before its time
+        assert "closed" in list(asks_nothing.events(time.monotonic() + within(IDLE + 5)))
     finally:
         asks_nothing.close()
         stalls.close()
@@ -310,9 +313,10 @@ def test_not_grpc_and_compressed_are_refused(port: int) -> None:
 @pytest.fixture(scope="module", params=["lean", "h2"])
 def short_idle_port(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                     redis_proc: RedisProcess) -> Iterator[int]:
-    """A gateway whose RLS connections may go IDLE seconds without a call, on either HTTP/2."""
+    """A gateway whose RLS connections may go IDLE seconds without a call, and whose calls' bodies
+    must end within IDLE seconds, on either HTTP/2."""
     yield from _serving(tmp_path_factory.mktemp("rls-idle"), redis_proc, request.param,
-                        {"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE)})
+                        {"GATEWAY_RLS_IDLE_TIMEOUT": str(IDLE), "GATEWAY_RLS_BODY_TIMEOUT": str(IDLE)})
 
 
 IDLE = 2

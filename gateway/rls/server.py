@@ -12,7 +12,8 @@ Bounds, each with a test (tests/test_rls_server.py):
   headers, MAX_BUFFERED bytes of bodies not yet ended (more: GOAWAY ENHANCE_YOUR_CALM), and resets
   without a call answered beyond MAX_RESETS (the HTTP/2 rapid reset: GOAWAY ENHANCE_YOUR_CALM);
 - per call one message of at most MAX_MESSAGE bytes (more: RESOURCE_EXHAUSTED, nothing counted),
-  no compression (UNIMPLEMENTED), and BODY_TIMEOUT for its body to end (else the stream is reset);
+  no compression (UNIMPLEMENTED), and `body_timeout` seconds (GATEWAY_RLS_BODY_TIMEOUT) for its body
+  to end (else the stream is reset);
 - a connection that opens no call for `idle_timeout` seconds (GATEWAY_RLS_IDLE_TIMEOUT) while
   none is in flight is closed (`_leave`, graceful: a call already on its way is answered): PING,
   SETTINGS, WINDOW_UPDATE and the like open no call, so they never keep a connection (nor its
@@ -65,7 +66,7 @@ MAX_HEADER_LIST = 16 * 1024
 MAX_BUFFERED = 1024 * 1024
 MAX_CONNECTIONS = 4096
 MAX_RESETS = 100          # client resets beyond twice the calls answered, and this many more
-BODY_TIMEOUT = 10.0       # seconds for a call's body to end
+BODY_TIMEOUT = 10.0       # seconds for a call's body to end (the server's default)
 IDLE_TIMEOUT = 10.0       # seconds a connection may go without a call (the server's default)
 LEAVING_WAIT = 1.0        # an idle close: seconds the final GOAWAY waits for the client's PING ACK
 _LEAVING_PING = b"rls-idle"
@@ -94,9 +95,10 @@ class GrpcProtocol(asyncio.Protocol):
 
     def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
                  connections: set[GrpcProtocol], idle_timeout: float = IDLE_TIMEOUT,
-                 engine: EngineFactory = Ngh2Engine) -> None:
+                 engine: EngineFactory = Ngh2Engine, body_timeout: float = BODY_TIMEOUT) -> None:
         self.calls, self.now, self.connections = calls, now, connections
         self.idle_timeout = idle_timeout
+        self.body_timeout = body_timeout
         self.conn = engine(MAX_STREAMS, MAX_HEADER_LIST)
         self.last_stream = 0  # the highest stream a call was opened on
         self.transport: asyncio.Transport | None = None
@@ -345,7 +347,7 @@ class GrpcProtocol(asyncio.Protocol):
         """The timeouts: a call's body that does not end, a connection that opens no call. An
         answer waiting for the client's window does not keep the connection."""
         for stream_id, stream in list(self.streams.items()):
-            if now - stream.started > BODY_TIMEOUT:
+            if now - stream.started > self.body_timeout:
                 self._forget(stream_id)
                 self.conn.reset(stream_id, CANCEL)
                 self._flush()  # before a GOAWAY below: libnghttp2 sends nothing after one that closes
@@ -373,9 +375,11 @@ class GrpcServer:
     """The listening RLS socket of one worker and its connections."""
 
     def __init__(self, calls: dict[bytes, Unary], now: dict[bytes, Callable[[bytes], bytes]],
-                 idle_timeout: float = IDLE_TIMEOUT, engine: EngineFactory = Ngh2Engine) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT, engine: EngineFactory = Ngh2Engine,
+                 body_timeout: float = BODY_TIMEOUT) -> None:
         self.calls, self.now = calls, now
         self.idle_timeout = idle_timeout
+        self.body_timeout = body_timeout
         self.engine = engine  # the HTTP/2 under it (gateway/rls/http2.py); h2 in the comparisons only
         self.connections: set[GrpcProtocol] = set()
         self.server: asyncio.Server | None = None
@@ -384,7 +388,8 @@ class GrpcServer:
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: GrpcProtocol(self.calls, self.now, self.connections,
-                                                                    self.idle_timeout, self.engine),
+                                                                    self.idle_timeout, self.engine,
+                                                                    self.body_timeout),
                                                sock=sock, ssl=tls)
         self.sweeper = loop.create_task(self._sweep())
 

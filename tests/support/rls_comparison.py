@@ -108,7 +108,8 @@ def grpclib_worker(settings: Settings, sockets: list[socket.socket], config: Con
 
 
 def h2_worker(settings: Settings, sockets: list[socket.socket], config: Config) -> None:
-    _run(settings, sockets, config, lambda lean: GrpcServer(lean.calls, lean.now, lean.idle_timeout, H2Engine))
+    _run(settings, sockets, config, lambda lean: GrpcServer(lean.calls, lean.now, lean.idle_timeout, H2Engine,
+                                                            body_timeout=lean.body_timeout))
 
 
 WORKERS = {"grpclib": grpclib_worker, "h2": h2_worker}  # module-level: a spawned worker imports them
