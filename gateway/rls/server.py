@@ -57,6 +57,7 @@ from gateway.rls.service import (
     UNIMPLEMENTED,
     GrpcError,
 )
+from gateway.settings import DEFAULTS
 
 log = logging.getLogger("gateway.rls")
 
@@ -66,8 +67,8 @@ MAX_HEADER_LIST = 16 * 1024
 MAX_BUFFERED = 1024 * 1024
 MAX_CONNECTIONS = 4096
 MAX_RESETS = 100          # client resets beyond twice the calls answered, and this many more
-BODY_TIMEOUT = 10.0       # seconds for a call's body to end (the server's default)
-IDLE_TIMEOUT = 10.0       # seconds a connection may go without a call (the server's default)
+BODY_TIMEOUT = DEFAULTS.rls_body_timeout  # seconds for a call's body to end (GATEWAY_RLS_BODY_TIMEOUT)
+IDLE_TIMEOUT = DEFAULTS.rls_idle_timeout  # seconds a connection may go without a call (GATEWAY_RLS_IDLE_TIMEOUT)
 LEAVING_WAIT = 1.0        # an idle close: seconds the final GOAWAY waits for the client's PING ACK
 _LEAVING_PING = b"rls-idle"
 INTERNAL = 13
