@@ -38,8 +38,8 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check gateway tests bench scripts
 	$(VENV)/bin/mypy
 
-# Two workers, a test file to a worker (its module fixtures start once); TEST_WORKERS=0 runs it serially
-TEST_WORKERS ?= 2
+# Three workers (the tests wait on processes more than they run: two cores stay busy), a test file to a worker (its module fixtures start once); TEST_WORKERS=0 runs it serially
+TEST_WORKERS ?= 3
 test: $(DEV_STAMP) system-deps lint
 	$(VENV)/bin/pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 

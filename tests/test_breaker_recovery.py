@@ -28,6 +28,7 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
+from gateway.breaker import Breaker
 from gateway.keys import state_key
 from gateway.units import parse_duration
 from tests.support.cluster import RedisCluster
@@ -39,11 +40,14 @@ from tests.support.sentinel import Sentinel, sentinel_topology
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.alone  # a saturated worker: a test beside it would take the CPU the recovery is timed on
+
 LOAD_CONNECTIONS = 100  # per route and worker: saturated workers here (the old code did not recover)
 BACK_WITHIN = 3.0       # seconds from Redis answering again to the limits applying (the issue's bar)
 ROUNDS_IN_A_ROW = 4     # probe rounds that must all see the limits (with 2 workers: both back)
 STALL_ATTEMPTS = 5      # Redis stalls made before a machine too busy to time one is a failure
 STALL_BUDGETS = 2       # the stall "just over the budget", in budgets
+LOAD_SEEN = 2000        # requests a worker answers under wrk before a fault: the load is on
 
 CONFIG = """
 version: 1
@@ -89,11 +93,18 @@ class Load:
         connections = LOAD_CONNECTIONS * gateway.workers
         wrk = shutil.which("wrk")
         assert wrk, "wrk is missing: `make system-deps` installs it"
+        self.gateway = gateway
         self.processes = [
             started([wrk, "-t1", f"-c{connections}", "-d120s", gateway.url + path],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for path in ("/echo/open", "/echo/closed")
         ]
+
+    def flowing(self) -> None:
+        """Returns once the workers have answered LOAD_SEEN requests since wrk started."""
+        seen = _answered(self.gateway)
+        wait_until(lambda: _answered(self.gateway) - seen >= LOAD_SEEN * self.gateway.workers,
+                   timeout=within(15), interval=0.05)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -106,7 +117,7 @@ def _recovery(gateway: GatewayProcess, fault: Callable[[], float], expect_outage
     the seconds until the limits apply again, ROUNDS_IN_A_ROW rounds in a row."""
     load = Load(gateway)
     try:
-        time.sleep(1.0)
+        load.flowing()
         wait_until(lambda: all(_limits_apply(gateway) for _ in range(ROUNDS_IN_A_ROW)), timeout=15, interval=0.1)
         back = fault()
         first_seen: float | None = None
@@ -136,9 +147,15 @@ def _recovery(gateway: GatewayProcess, fault: Callable[[], float], expect_outage
         load.stop()
 
 
-def _metric(gateway: GatewayProcess, name: str) -> float:
+def _metric(gateway: GatewayProcess, name: str, labelled: bool = False) -> float:
+    """The sum of a metric's samples: the one named (labels included), or with `labelled` all of them."""
     text = httpx.get(gateway.admin_url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+    start = name + ("{" if labelled else " ")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(start))
+
+
+def _answered(gateway: GatewayProcess) -> float:
+    return _metric(gateway, "gateway_requests_total", labelled=True)
 
 
 def _first_in_line(*servers: RedisProcess) -> None:
@@ -165,7 +182,13 @@ def _gateway(config: str, tmp_path: Path, redis_url: str, workers: int = 1) -> G
     return gateway
 
 
-def _restart(redis: RedisProcess, down: float = 3.0) -> Callable[[], float]:
+def _outage(budget: float) -> float:
+    """How long a fault keeps Redis away: long enough for the breaker to open on a stalled Redis
+    (its failures in a row, a budget each, and one more) and to stay open a while."""
+    return within(1.0) + (Breaker().failures_to_open + 1) * budget
+
+
+def _restart(redis: RedisProcess, down: float) -> Callable[[], float]:
     def fault() -> float:
         assert redis.process is not None
         redis.process.kill()
@@ -180,7 +203,7 @@ def _restart(redis: RedisProcess, down: float = 3.0) -> Callable[[], float]:
     return fault
 
 
-def _stop_and_continue(redis: RedisProcess, stopped: float = 3.0) -> Callable[[], float]:
+def _stop_and_continue(redis: RedisProcess, stopped: float) -> Callable[[], float]:
     def fault() -> float:
         assert redis.process is not None
         os.kill(redis.process.pid, signal.SIGSTOP)
@@ -190,7 +213,7 @@ def _stop_and_continue(redis: RedisProcess, stopped: float = 3.0) -> Callable[[]
     return fault
 
 
-def _flush(redis: RedisProcess) -> Callable[[], float]:
+def _flush(redis: RedisProcess, _: float) -> Callable[[], float]:
     def fault() -> float:
         redis.client().script_flush()
         return time.monotonic()
@@ -213,11 +236,11 @@ def test_limits_apply_again_under_load_after_a_fault(
         fault: str, timeout: str, workers: int, redis: RedisProcess, upstream: Upstream, tmp_path: Path) -> None:
     # redis.timeout is a time limit too: a 20 ms budget on a machine giving the test half its CPU is
     # 40 ms of a quiet one (tests/support/patience.py)
-    budget = f"{round(parse_duration(timeout) * 1000 * factor())}ms"
-    gateway = _gateway(_config(upstream, budget), tmp_path, redis.url, workers)
+    budget = parse_duration(timeout) * factor()
+    gateway = _gateway(_config(upstream, f"{round(budget * 1000)}ms"), tmp_path, redis.url, workers)
     try:
         faults = {"restart": _restart, "sigstop": _stop_and_continue, "script flush": _flush}
-        took = _recovery(gateway, faults[fault](redis), expect_outage=fault != "script flush")
+        took = _recovery(gateway, faults[fault](redis, _outage(budget)), expect_outage=fault != "script flush")
         connections = LOAD_CONNECTIONS * workers
         _report(f"{fault}, redis.timeout {timeout}, {workers} worker(s), {connections}x2 connections", took)
     finally:
@@ -235,6 +258,7 @@ def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
     gateway = _gateway(_config(upstream, budget), tmp_path, redis.url)
     load = Load(gateway)
     try:
+        load.flowing()
         wait_until(lambda: _limits_apply(gateway), timeout=15, interval=0.1)
         rounds = []
         watched_until = time.monotonic() + 6.0
@@ -263,6 +287,7 @@ def test_a_redis_stall_just_over_the_budget_does_not_turn_the_limits_off(
     load = Load(gateway)
     assert redis.process is not None
     try:
+        load.flowing()
         for _ in range(STALL_ATTEMPTS):
             wait_until(lambda: all(_limits_apply(gateway) for _ in range(ROUNDS_IN_A_ROW)), timeout=15, interval=0.1)
             seen = len(gateway.log())

@@ -80,6 +80,7 @@ def unloaded_answer_time(url: str) -> float:
     return percentile(times, 50)
 
 
+@pytest.mark.alone  # its critical requests' answer time is judged against the unloaded one, measured first
 def test_overload_sheds_sheddable_first_keeps_critical_fast_and_the_upstream_busy(
         tmp_path: Path, redis_proc: RedisProcess, backend: CapacityUpstream) -> None:
     proc = gateway(tmp_path, redis_proc, OVERLOAD, upstream=backend.url, protect=PROTECT)
