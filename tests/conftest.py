@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import patience
+from tests.support import machine, patience
 from tests.support.cluster import RedisCluster
 from tests.support.redis_proc import RedisClock, RedisProcess, binaries
 from tests.support.upstream import Upstream
@@ -55,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clock_windows: counts under windows aligned to the clock; starts the test "
                             "clear of a minute's edge (tests/support/windows.py)")
     config.addinivalue_line("markers", "alone: loads the machine on purpose and judges what it sees under that "
-                            "load; no other test of the suite runs beside it (tests/conftest.py)")
+                            "load; no other test runs beside its load (tests/support/machine.py)")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -77,27 +76,15 @@ def _clear_of_a_minutes_edge(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _alone_or_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Under pytest-xdist, a test marked `alone` (it saturates a worker with wrk, or offers an upstream
-    three times its capacity, and judges latency or recovery under it) waits for the tests running
-    beside it to end, and none starts until it has: a reader-writer lock between the suite's workers,
-    on files in the directory their temporary directories share. The writer takes a turnstile first,
-    so the tests that keep starting beside one another cannot keep it waiting."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+def _a_share_of_the_machine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every test holds a share of the machine while it runs, but one marked `alone`: that one takes
+    the machine to itself while its load runs (tests/support/machine.py)."""
+    machine.SHARED = tmp_path_factory.getbasetemp().parent
+    if request.node.get_closest_marker("alone") is not None:
         yield
         return
-    shared = tmp_path_factory.getbasetemp().parent
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(shared / "turnstile.lock", "a") as turnstile, open(shared / "machine.lock", "a") as machine:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
+    with machine.a_share():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -31,6 +32,7 @@ from redis.crc import key_slot
 from gateway.breaker import Breaker
 from gateway.keys import state_key
 from gateway.units import parse_duration
+from tests.support import machine
 from tests.support.cluster import RedisCluster
 from tests.support.gateway_proc import GatewayProcess
 from tests.support.orphans import started
@@ -40,7 +42,7 @@ from tests.support.sentinel import Sentinel, sentinel_topology
 from tests.support.upstream import Upstream
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.alone  # a saturated worker: a test beside it would take the CPU the recovery is timed on
+pytestmark = pytest.mark.alone  # wrk saturates a worker: a test beside it would take the CPU the recovery is timed on
 
 LOAD_CONNECTIONS = 100  # per route and worker: saturated workers here (the old code did not recover)
 BACK_WITHIN = 3.0       # seconds from Redis answering again to the limits applying (the issue's bar)
@@ -94,11 +96,16 @@ class Load:
         wrk = shutil.which("wrk")
         assert wrk, "wrk is missing: `make system-deps` installs it"
         self.gateway = gateway
-        self.processes = [
-            started([wrk, "-t1", f"-c{connections}", "-d120s", gateway.url + path],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for path in ("/echo/open", "/echo/closed")
-        ]
+        self.alone = ExitStack()  # the machine to this test until stop()
+        self.alone.enter_context(machine.to_itself())
+        self.processes: list[subprocess.Popen[bytes]] = []
+        try:
+            for path in ("/echo/open", "/echo/closed"):
+                self.processes.append(started([wrk, "-t1", f"-c{connections}", "-d120s", gateway.url + path],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        except BaseException:
+            self.stop()
+            raise
 
     def flowing(self) -> None:
         """Returns once the workers have answered LOAD_SEEN requests since wrk started."""
@@ -110,6 +117,7 @@ class Load:
         for process in self.processes:
             process.kill()
             process.wait()
+        self.alone.close()
 
 
 def _recovery(gateway: GatewayProcess, fault: Callable[[], float], expect_outage: bool = True) -> float:
