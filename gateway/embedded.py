@@ -12,6 +12,9 @@ one write(2) per event-loop turn. `always` would fsync every decision: too slow 
 
 Started with `die_with_parent=True` (by `gateway serve`'s supervisor), the server gets SIGTERM from
 the kernel when the process that started it dies, even by SIGKILL: it never outlives the gateway.
+It then runs in a process group of its own, so a terminal's Ctrl-C (SIGINT to the whole foreground
+group) reaches the gateway alone, which drains its in-flight requests, gives their concurrency
+slots back, and only then stops the server.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class EmbeddedRedis:
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             preexec_fn=dying_with_this_process(signal.SIGTERM) if self.die_with_parent else None,
+            process_group=0 if self.die_with_parent else None,
         )
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:

@@ -6,6 +6,7 @@ GNU make forwards SIGTERM to its recipe but not SIGINT (it waits for the recipe,
 terminal's process group): a SIGINT sent to make's own pid is seen here because make, handling it,
 blocks that signal, and /proc shows make's blocked set. If make dies outright, the kernel's
 parent-death signal stops this script, and this script's own children go with it the same way.
+If the backend exits (its port taken), the gateway is stopped too and make fails, saying so.
 """
 
 from __future__ import annotations
@@ -71,11 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, SHOP_URL=f"http://127.0.0.1:{args.backend_port}")
     gateway = subprocess.Popen(gateway_command(args), env=env, preexec_fn=with_us)
     try:
-        while gateway.poll() is None and not stop_requested and not make_is_stopping(parent):
+        while (gateway.poll() is None and backend.poll() is None and not stop_requested
+               and not make_is_stopping(parent)):
             time.sleep(0.2)
         if gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)  # drains, stops the embedded Redis, exits 0
         code = gateway.wait()
+        if backend.poll() is not None and not stop_requested:
+            # the gateway would answer every request 502 or 504: say why and stop instead
+            print(f"make run: the example backend on port {args.backend_port} exited ({backend.returncode}); "
+                  "stopped the gateway too (is the port in use? --backend-port in RUN_ARGS picks another)",
+                  file=sys.stderr)
+            code = code or 1
     finally:
         if gateway.poll() is None:
             gateway.kill()

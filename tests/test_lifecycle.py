@@ -154,6 +154,12 @@ def in_session(sid: int) -> list[int]:
     return found
 
 
+def make_run(venv: Path, run_args: str) -> list[str]:
+    """`make run` with the venv under test used as it is, never reinstalled (-o)."""
+    return ["make", "--no-print-directory", "run", "-o", f"{venv}/.installed-run", f"VENV={venv}",
+            f"RUN_ARGS={run_args}"]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_path: Path) -> None:
@@ -162,20 +168,27 @@ def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_pa
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
     env["TMPDIR"] = str(tmp_path)
     log = (tmp_path / "make.log").open("wb")
-    # -o: the venv under test is used as it is, never reinstalled; a session of its own, so the
-    # signal reaches make alone, as from a script or an IDE's stop button
-    make = started(["make", "--no-print-directory", "run", "-o", f"{venv}/.installed-run", f"VENV={venv}",
-                             f"RUN_ARGS=--port {port} --admin-port {admin} --backend-port {backend}"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # a session of its own, so the signal reaches make alone, as from a script or an IDE's stop button
+    make = started(make_run(venv, f"--port {port} --admin-port {admin} --backend-port {backend} "
+                                  f"--data-dir {tmp_path / 'state'}"),
+                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        seen: list[str] = []
+
         def serving() -> bool:
             assert make.poll() is None, (tmp_path / "make.log").read_text()
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/products", timeout=2).status_code == 200
-            except httpx.HTTPError:
+                status = httpx.get(f"http://127.0.0.1:{port}/products", timeout=2).status_code
+            except httpx.HTTPError as exc:
+                seen.append(repr(exc))
                 return False
+            seen.append(str(status))
+            return status == 200
 
-        wait_until(serving, timeout=60, interval=0.2)
+        try:
+            wait_until(serving, timeout=60, interval=0.2)
+        except TimeoutError as exc:
+            raise AssertionError(f"last answers: {seen[-3:]}\n" + (tmp_path / "make.log").read_text()) from exc
         assert len(in_session(make.pid)) >= 5, "make, the script, the backend, the gateway and its worker"
         make.send_signal(sig)
         make.wait(timeout=60)
@@ -188,6 +201,34 @@ def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_pa
             os.killpg(make.pid, signal.SIGKILL)
             make.wait()
         log.close()
+
+
+@pytest.mark.timeout(180)
+def test_make_run_with_the_backends_port_taken_stops_and_says_so(tmp_path: Path) -> None:
+    """Before, the gateway went on serving with no backend behind it: every request waited for its
+    upstream timeout and got a 504."""
+    venv = Path(sys.executable).parent.parent
+    port, admin, backend = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
+    env["TMPDIR"] = str(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", backend))
+        taken.listen()
+        with (tmp_path / "make.log").open("wb") as log:
+            make = started(make_run(venv, f"--port {port} --admin-port {admin} --backend-port {backend} "
+                                          f"--data-dir {tmp_path / 'state'}"),
+                           cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                assert make.wait(timeout=60) != 0
+            finally:
+                if make.poll() is None:
+                    os.killpg(make.pid, signal.SIGKILL)
+                    make.wait()
+    said = (tmp_path / "make.log").read_text()
+    assert f"the example backend on port {backend} exited" in said, said
+    assert "Traceback" not in said
+    wait_until(lambda: in_session(make.pid) == [], timeout=10)
+    assert bindable(port) and bindable(admin)
 
 
 def test_an_embedded_redis_starts_under_a_temporary_directory_too_long_for_a_socket(tmp_path: Path) -> None:
@@ -211,3 +252,42 @@ def test_an_embedded_redis_starts_under_a_temporary_directory_too_long_for_a_soc
     finally:
         redis.stop()
     assert not Path(redis.socket_path).parent.exists()
+
+
+ONE_AT_A_TIME = """
+version: 1
+upstreams: {{up: {{url: "{upstream}", timeout: 30s}}}}
+routes:
+  - name: slow
+    match: {{path: /slow}}
+    upstream: up
+    limits: [{{name: one, by: [], algorithm: concurrency, limit: 1}}]
+"""
+
+
+def test_ctrl_c_lets_a_request_in_flight_give_its_slot_back_before_the_embedded_redis_stops(
+        tmp_path: Path, upstream: Upstream) -> None:
+    """A terminal's Ctrl-C signals the whole foreground group. The embedded Redis keeps running until
+    the gateway has drained: the slot a request in flight holds is given back, not lost in the
+    --data-dir state until its lease runs out (before, Redis stopped first and the next start
+    refused the route's one slot)."""
+    gateway = GatewayProcess(ONE_AT_A_TIME.format(upstream=upstream.url), tmp_path,
+                             env={"GATEWAY_DATA_DIR": str(tmp_path / "state")})
+    gateway.start()
+    assert gateway.process is not None
+    try:
+        arrived = upstream.arrived("/slow")
+        answers: list[int] = []
+        slow = threading.Thread(target=lambda: answers.append(
+            httpx.get(gateway.url + "/slow", params={"delay": "1.5"}, timeout=30).status_code))
+        slow.start()
+        wait_until(lambda: upstream.arrived("/slow") == arrived + 1, timeout=10)
+        os.killpg(gateway.process.pid, signal.SIGINT)  # the group, as a terminal's Ctrl-C
+        slow.join(30)
+        assert answers == [200]
+        assert gateway.process.wait(30) == 0
+        assert "Redis unavailable" not in gateway.log()
+        gateway.start()
+        assert httpx.get(gateway.url + "/slow", params={"delay": "0"}, timeout=10).status_code == 200
+    finally:
+        gateway.stop()
