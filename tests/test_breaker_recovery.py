@@ -264,6 +264,9 @@ def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
     open the breaker, and the limits went off for a second every one to two seconds."""
     budget = f"{round(20 * factor())}ms"
     gateway = _gateway(_config(upstream, budget), tmp_path, redis.url)
+    # a start-up read of the overrides may outlast 20 ms on a busy machine (the poll catches up):
+    # it is not what this test watches
+    started = len(gateway.log())
     load = Load(gateway)
     try:
         load.flowing()
@@ -275,7 +278,7 @@ def test_a_healthy_redis_keeps_the_breaker_closed_under_load(
             time.sleep(0.05)
         off = [seen for seen in rounds if seen != (429, 200)]
         assert not off, f"{len(off)} of {len(rounds)} rounds saw the limits off: {off[:8]}"
-        assert "Redis unavailable" not in gateway.log()
+        assert "Redis unavailable" not in gateway.log()[started:]
     finally:
         load.stop()
         assert gateway.stop() == 0
