@@ -286,7 +286,6 @@ def test_ctrl_c_lets_a_request_in_flight_give_its_slot_back_before_the_embedded_
         slow.join(30)
         assert answers == [200]
         assert gateway.process.wait(30) == 0
-        assert "Redis unavailable" not in gateway.log()
         gateway.start()
         assert httpx.get(gateway.url + "/slow", params={"delay": "0"}, timeout=10).status_code == 200
     finally:
