@@ -59,6 +59,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def file_stamp(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
@@ -91,16 +95,23 @@ class Supervisor:
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
         announce_supervision(self.metrics_dir)
-        try:
-            sockets = [bind(settings.host, settings.port), bind(settings.effective_admin_host, settings.admin_port)]
-            if settings.check_port is not None:
-                sockets.append(bind(settings.host, settings.check_port))
-            if settings.rls_port is not None:  # last: the worker serves it beside uvicorn (run_worker)
-                sockets.append(bind(settings.host, settings.rls_port))
-        except OSError as exc:
-            log.error("cannot listen: %s", exc)
-            remove_scratch_dir(self.metrics_dir)
-            return 1
+        ports = [("proxy", "--port", settings.host, settings.port),
+                 ("admin", "--admin-port", settings.effective_admin_host, settings.admin_port)]
+        if settings.check_port is not None:
+            ports.append(("check", "--check-port", settings.host, settings.check_port))
+        if settings.rls_port is not None:  # last: the worker serves it beside uvicorn (run_worker)
+            ports.append(("RLS", "--rls-port", settings.host, settings.rls_port))
+        sockets: list[socket.socket] = []
+        for name, flag, host, port in ports:
+            try:
+                sockets.append(bind(host, port))
+            except OSError as exc:
+                log.error("cannot listen on the %s port, %s: %s (%s picks another)",
+                          name, format_address(host, port), exc.strerror or exc, flag)
+                for sock in sockets:
+                    sock.close()
+                remove_scratch_dir(self.metrics_dir)
+                return 1
         if needs_embedded_redis(settings, self.config):
             try:
                 self.redis, settings = start_embedded(settings, die_with_parent=True)

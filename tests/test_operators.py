@@ -426,6 +426,22 @@ def test_serve_without_a_routes_file_names_the_path_and_the_flag(tmp_path: Path)
     assert result.returncode == 2 and "nope.yaml" in result.stderr and "--config" in result.stderr
 
 
+@pytest.mark.parametrize("which", ["--port", "--admin-port", "--check-port"])
+def test_a_port_in_use_is_named_with_the_flag_that_moves_it(which: str, tmp_path: Path) -> None:
+    from tests.support.ports import free_port
+
+    (tmp_path / "routes.yaml").write_text("version: 1\nroutes: []\n")
+    ports = {flag: free_port() for flag in ("--port", "--admin-port", "--check-port")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[which]))
+        taken.listen()
+        result = gateway_cli("serve", "--host", "127.0.0.1", "--ephemeral",
+                             *(str(part) for pair in ports.items() for part in pair), cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"127.0.0.1:{ports[which]}: Address already in use ({which} picks another)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_admin_host_defaults_to_loopback() -> None:
     from gateway.cli import parse_args, resolve_settings
 
