@@ -1,12 +1,14 @@
 """`make run`: the example backend and `gateway serve` in front of it, stopped together.
 
 make execs this script as its recipe's only process. SIGTERM, SIGINT or SIGHUP, to this script or
-to the process group (a terminal's Ctrl-C), stops the gateway gracefully and then the backend.
-GNU make forwards SIGTERM to its recipe but not SIGINT (it waits for the recipe, counting on the
-terminal's process group): a SIGINT sent to make's own pid is seen here because make, handling it,
-blocks that signal, and /proc shows make's blocked set. If make dies outright, the kernel's
-parent-death signal stops this script, and this script's own children go with it the same way.
-If the backend exits (its port taken), the gateway is stopped too and make fails, saying so.
+to the process group (a terminal's Ctrl-C), stops the gateway gracefully and then the backend. The
+backend and the embedded Redis are in process groups of their own, so a Ctrl-C stops them only after
+the gateway has drained. GNU make forwards SIGTERM to its recipe but not SIGINT (it waits for the
+recipe, counting on the terminal's process group): a SIGINT sent to make's own pid is seen here
+because make, handling it, blocks that signal, and /proc shows make's blocked set. If make dies
+outright, the kernel's parent-death signal stops this script, and this script's own children go
+with it the same way. If the backend exits (its port taken), the gateway is stopped too and make
+fails, saying so.
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     for sig in STOPS:
         signal.signal(sig, on_stop)
     with_us = dying_with_this_process(signal.SIGTERM)
+    # a group of its own: a terminal's Ctrl-C reaches the gateway, which drains what is in flight to
+    # the backend; the backend is stopped after it
     backend = subprocess.Popen([sys.executable, "-m", "gateway.example_backend", "--port", str(args.backend_port)],
-                               preexec_fn=with_us)
+                               preexec_fn=with_us, process_group=0)
     env = dict(os.environ, SHOP_URL=f"http://127.0.0.1:{args.backend_port}")
     gateway = subprocess.Popen(gateway_command(args), env=env, preexec_fn=with_us)
     try:

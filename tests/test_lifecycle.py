@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -160,25 +161,30 @@ def make_run(venv: Path, run_args: str) -> list[str]:
             f"RUN_ARGS={run_args}"]
 
 
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_path: Path) -> None:
+def make_run_started(tmp_path: Path, ports: tuple[int, int, int]) -> subprocess.Popen[bytes]:
+    """`make run` on `ports` (proxy, admin, backend), its state in `tmp_path`, in a session of its
+    own: a signal sent to make reaches make alone, as from a script or an IDE's stop button."""
     venv = Path(sys.executable).parent.parent
-    port, admin, backend = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
     env["TMPDIR"] = str(tmp_path)
-    log = (tmp_path / "make.log").open("wb")
-    # a session of its own, so the signal reaches make alone, as from a script or an IDE's stop button
-    make = started(make_run(venv, f"--port {port} --admin-port {admin} --backend-port {backend} "
-                                  f"--data-dir {tmp_path / 'state'}"),
-                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    port, admin, backend = ports
+    with (tmp_path / "make.log").open("ab") as log:
+        return started(make_run(venv, f"--port {port} --admin-port {admin} --backend-port {backend} "
+                                      f"--data-dir {tmp_path / 'state'}"),
+                       cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@contextlib.contextmanager
+def making_run(tmp_path: Path, ports: tuple[int, int, int]) -> Iterator[subprocess.Popen[bytes]]:
+    """`make run`, serving; killed with all it started if still there after."""
+    make = make_run_started(tmp_path, ports)
     try:
         seen: list[str] = []
 
         def serving() -> bool:
             assert make.poll() is None, (tmp_path / "make.log").read_text()
             try:
-                status = httpx.get(f"http://127.0.0.1:{port}/products", timeout=2).status_code
+                status = httpx.get(f"http://127.0.0.1:{ports[0]}/products", timeout=2).status_code
             except httpx.HTTPError as exc:
                 seen.append(repr(exc))
                 return False
@@ -189,41 +195,70 @@ def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_pa
             wait_until(serving, timeout=60, interval=0.2)
         except TimeoutError as exc:
             raise AssertionError(f"last answers: {seen[-3:]}\n" + (tmp_path / "make.log").read_text()) from exc
+        yield make
+    finally:
+        if make.poll() is None or in_session(make.pid):
+            os.killpg(make.pid, signal.SIGKILL)  # the backend and Redis follow: parent-death signal
+            make.wait()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_make_run_stops_on_a_signal_to_makes_own_pid(sig: signal.Signals, tmp_path: Path) -> None:
+    ports = (free_port(), free_port(), free_port())
+    with making_run(tmp_path, ports) as make:
         assert len(in_session(make.pid)) >= 5, "make, the script, the backend, the gateway and its worker"
         make.send_signal(sig)
         make.wait(timeout=60)
         assert make.returncode == -sig, (tmp_path / "make.log").read_text()
         wait_until(lambda: in_session(make.pid) == [], timeout=10)
-        assert all(bindable(p) for p in (port, admin, backend))
-        assert "Traceback" not in (tmp_path / "make.log").read_text()
-    finally:
-        if make.poll() is None or in_session(make.pid):
-            os.killpg(make.pid, signal.SIGKILL)
-            make.wait()
-        log.close()
+        assert all(bindable(p) for p in ports)
+    assert "Traceback" not in (tmp_path / "make.log").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_to_make_run_lets_an_answer_in_flight_finish_and_settle(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C signals make's whole group: the gateway drains, and the backend and the
+    embedded Redis stop after it, so a streamed answer already under way arrives whole and its
+    token budget settles (before, Redis stopped at once and the budget kept the reserve)."""
+    ports = (free_port(), free_port(), free_port())
+    url, admin = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+    with making_run(tmp_path, ports) as make:
+        events = []
+        with httpx.stream("POST", url + "/v1/chat/completions", timeout=30, headers={"X-Api-Key": "k1"},
+                          json={"max_tokens": 100, "stream": True}) as answer:
+            lines = answer.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    events.append(line)
+                    break
+            os.killpg(make.pid, signal.SIGINT)  # the terminal's Ctrl-C: make and all it started
+            events += [line for line in lines if line.startswith("data: ")]
+        assert answer.status_code == 200 and events[-1] == "data: [DONE]", events
+        assert '"total_tokens": 19' in events[-2]
+        make.wait(timeout=60)
+        wait_until(lambda: in_session(make.pid) == [], timeout=10)
+    with making_run(tmp_path, ports):  # the same state directory
+        budget = httpx.get(admin + "/limits/chat/tokens-hour", params={"key": "k1"}, timeout=10).json()
+        assert budget["remaining"] == 2000 - 19, "what the answer used, not the reserve (max_tokens and prompt)"
+    assert "Traceback" not in (tmp_path / "make.log").read_text()
 
 
 @pytest.mark.timeout(180)
 def test_make_run_with_the_backends_port_taken_stops_and_says_so(tmp_path: Path) -> None:
     """Before, the gateway went on serving with no backend behind it: every request waited for its
     upstream timeout and got a 504."""
-    venv = Path(sys.executable).parent.parent
-    port, admin, backend = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "MAKE"))}
-    env["TMPDIR"] = str(tmp_path)
+    port, admin, backend = ports = (free_port(), free_port(), free_port())
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", backend))
         taken.listen()
-        with (tmp_path / "make.log").open("wb") as log:
-            make = started(make_run(venv, f"--port {port} --admin-port {admin} --backend-port {backend} "
-                                          f"--data-dir {tmp_path / 'state'}"),
-                           cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                assert make.wait(timeout=60) != 0
-            finally:
-                if make.poll() is None:
-                    os.killpg(make.pid, signal.SIGKILL)
-                    make.wait()
+        make = make_run_started(tmp_path, ports)
+        try:
+            assert make.wait(timeout=60) != 0
+        finally:
+            if make.poll() is None:
+                os.killpg(make.pid, signal.SIGKILL)
+                make.wait()
     said = (tmp_path / "make.log").read_text()
     assert f"the example backend on port {backend} exited" in said, said
     assert "Traceback" not in said
