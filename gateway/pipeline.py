@@ -265,6 +265,8 @@ def _match(runtime: Runtime, scope: Scope, limits: RequestBounds, original: Orig
     except BadRequest as exc:
         return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, request)
     if found is None:
+        if request.override is not None and (refused := _literal_method(runtime, view, request)) is not None:
+            return refused
         allowed = runtime.router.allowed_methods(request.hostname, request.path)
         if allowed:  # a route owns this path under other methods: a catch-all may not take it
             methods = ", ".join(sorted(allowed))
@@ -299,6 +301,24 @@ def _either_method(runtime: Runtime, view: RequestView, request: Request, route:
     detail = (f"X-HTTP-Method-Override names {request.override}, which route '{route.name}' takes, while "
               f"{request.method} is route '{literal[0].name}': the upstream may act on either")
     return _answer(problem(400, detail, route=route.name), RequestOutcome.BAD_REQUEST, request, route=route.name)
+
+
+def _literal_method(runtime: Runtime, view: RequestView, request: Request) -> Answer | None:
+    """A 400 when no route takes the method an override names but one takes the request line's: an
+    upstream that honours no override acts on the request line, so the request may not pass as
+    unlimited (the check port and the middleware let a request no route takes through)."""
+    router = runtime.router
+    try:
+        literal = router.match(request.method, request.hostname, request.path,
+                               view.meets if router.conditional else None)
+    except BadRequest as exc:  # the request line's route refuses it (a path number it cannot read)
+        return _answer(problem(exc.status, str(exc)), RequestOutcome.BAD_REQUEST, request)
+    if literal is None:
+        return None
+    detail = (f"X-HTTP-Method-Override names {request.override}, which no route takes on {request.path[:200]}, "
+              f"while {request.method} is route '{literal[0].name}': the upstream may act on either")
+    return _answer(problem(400, detail, route=literal[0].name), RequestOutcome.BAD_REQUEST, request,
+                   route=literal[0].name)
 
 
 def _caller_plan(runtime: Runtime, view: RequestView, request: Request) -> Answer | None:

@@ -51,6 +51,10 @@ routes:
     match: {{path: /by-method}}
     upstream: up
     limits: [{{name: m, by: [method, header:X-User-Id], algorithm: quota, limit: 1}}]
+  - name: stock
+    match: {{path: "/stock/{{item:int}}", methods: [POST]}}
+    upstream: up
+    limits: [{{name: units, by: [path:item], algorithm: quota, limit: 1}}]
   - name: everything
     match: {{path: "/{{rest:path}}"}}
     upstream: up
@@ -158,6 +162,29 @@ def test_an_override_whose_route_differs_from_the_request_lines_is_refused(gatew
     assert "x-upstream" not in walked.headers
     assert httpx.post(f"{gateway.url}/cart", headers=who).status_code == 200
     assert httpx.post(f"{gateway.url}/cart", headers=who).status_code == 429
+
+
+def test_an_override_naming_a_method_no_route_takes_is_refused_on_every_port(gateway: GatewayProcess) -> None:
+    """POST /stock/N is limited and nothing else is routed there: a POST naming PUT was a 405 on the
+    proxy port but a 200 "no route" on the check port (and the middleware's app's), while an upstream
+    that honours no override sells the POST (an outside probe: the stock oversold)."""
+    check = gateway.check_url  # type: ignore[attr-defined]
+    item = f"/stock/{random.randrange(10**9)}"
+
+    def ask(**override: str) -> httpx.Response:
+        headers = {"X-Forwarded-Method": "POST", "X-Forwarded-Uri": item, "X-Forwarded-Host": "shop.example"}
+        return httpx.get(f"{check}/check", headers={**headers, **override})
+
+    assert ask().status_code == 200
+    assert ask().status_code == 429  # the one unit is sold
+    for name in ("X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"):
+        for method in ("PUT", "GET", "DELETE"):
+            walked = ask(**{name: method})
+            assert walked.status_code == 400, (name, method, walked.text)  # before: 200
+            assert "may act on either" in walked.json()["detail"]
+    proxied = httpx.post(f"{gateway.url}/stock/{random.randrange(10**9)}", headers={"X-HTTP-Method-Override": "PUT"})
+    assert proxied.status_code == 400 and "x-upstream" not in proxied.headers
+    assert httpx.put(f"{gateway.url}{item}").status_code == 405  # no override: the route owns the path
 
 
 @pytest.mark.parametrize("headers", [

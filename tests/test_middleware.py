@@ -134,6 +134,18 @@ def test_head_and_method_overrides_are_counted_as_the_method_the_app_acts_on(ser
     assert overridden.status_code == 429
 
 
+def test_an_override_naming_a_method_no_route_takes_does_not_reach_the_app_uncounted(served: Served) -> None:
+    """POST /orders/N is limited and no route takes PUT there: a POST naming PUT went to the app
+    as "no route", and an app that honours no override ran its POST handler, uncounted."""
+    who = {"X-User": f"u{uuid.uuid4().hex}"}
+    for i in range(3):
+        assert served.client.post(f"/orders/{i}", content=str(i).encode(), headers=who).status_code == 200
+    assert served.client.post("/orders/3", content=b"y", headers=who).status_code == 429
+    walked = served.client.post("/orders/4", content=b"z", headers={**who, "X-HTTP-Method-Override": "PUT"})
+    assert walked.status_code == 400, walked.text  # before: 200, from the app's POST handler
+    assert "may act on either" in walked.json()["detail"]
+
+
 def test_the_app_sees_the_request_the_limiter_decided_on(served: Served) -> None:
     def raw(request: bytes) -> tuple[int, bytes]:
         with Conn(served.port) as conn:
