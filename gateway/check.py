@@ -139,9 +139,14 @@ class Asked:
             method = _required(one, ORIGINAL_METHOD)
             target = one.get(ORIGINAL_URI, b"")
             if ORIGINAL_URL in one:  # ingress-nginx: scheme://host/path?query
+                # ingress-nginx passes the client's own fields along: beside the URL it writes, a
+                # different X-Original-URI or X-Forwarded-Host would choose what is counted
                 url_host, url_target = _absolute(one[ORIGINAL_URL])
-                host = host or url_host
-                target = target or url_target
+                if target and target != url_target:
+                    raise BadRequest("X-Original-URI and X-Original-URL name different requests")
+                if host and url_host and host.lower() != url_host.lower():
+                    raise BadRequest("X-Forwarded-Host and X-Original-URL name different hosts")
+                host, target = url_host, url_target
             if not target:
                 raise BadRequest("X-Original-URI (or X-Original-URL) is missing")
         else:  # Envoy ext_authz: the request line is the original's, behind check.path_prefix

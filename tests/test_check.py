@@ -202,6 +202,12 @@ def test_values_are_read_as_the_upstream_reads_them(gateway: GatewayProcess) -> 
       ("X-User-Id", "hostile")], "absolute http(s) URL"),
     ([("X-Original-Method", "GET"), ("X-Original-URI", "/shop/9"), ("X-User-Id", "hostile"),
       ("X-User-Id", "other")], "more than once"),
+    # ingress-nginx writes X-Original-URL and passes the client's fields along (an outside probe:
+    # before, the client's X-Original-URI or X-Forwarded-Host was what counted)
+    ([("X-Original-Method", "GET"), ("X-Original-URL", "http://shop.example/shop/9"),
+      ("X-Original-URI", "/nowhere"), ("X-User-Id", "hostile")], "different requests"),
+    ([("X-Original-Method", "GET"), ("X-Original-URL", "http://shop.example/shop/9"),
+      ("X-Forwarded-Host", "other.example"), ("X-User-Id", "hostile")], "different hosts"),
     ([("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", "/shop/9"), ("X-Forwarded-Host", "a.example"),
       ("X-Forwarded-Host", "b.example"), ("X-User-Id", "hostile")], "more than once"),
 ])
