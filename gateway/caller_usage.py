@@ -9,15 +9,17 @@ request carries is looked up as that route would key it (its shard, its override
 a shared rule (`{use: NAME}`), one counter wherever used, is one row naming every such route. All are
 read in one script call that charges nothing (peek); on Redis Cluster, one per hash tag the keys live
 under. A rule whose identity the request lacks (a path parameter of another route, a header it did
-not send) is left out.
+not send) is left out. A rule keyed by `method` is read once per method its route takes, each row
+naming its method (the usage request's own GET is not what the route counts).
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 
-from gateway.config import PARAM, Route
+from gateway.config import PARAM, Route, Rule
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.problem import Headers, problem
 from gateway.identity import RequestView, rule_identity
@@ -32,11 +34,25 @@ MAX_PER_CALL = 32  # rules read by one script call (the bound of a route's own)
 
 
 class _Read:
-    __slots__ = ("key", "limit", "route", "routes", "rule", "spec")
+    __slots__ = ("key", "limit", "method", "route", "routes", "rule", "spec")
 
-    def __init__(self, route: str, rule: str, limit: int, spec: RuleSpec, key: str, shared: bool) -> None:
+    def __init__(self, route: str, rule: str, limit: int, spec: RuleSpec, key: str, shared: bool,
+                 method: str | None) -> None:
         self.route, self.rule, self.limit, self.spec, self.key = route, rule, limit, spec, key
         self.routes = [route] if shared else None  # a shared rule: every reported route counting by it
+        self.method = method  # a rule keyed by `method`: the one of the route's methods this row counts
+
+
+def _by_method(rule: Rule) -> bool:
+    return any(source.kind == "method" for source in rule.by)
+
+
+def _methods(route: Route, rules: tuple[Rule, ...]) -> Sequence[str | None]:
+    """The methods to read the route's rules under: each method the route takes when a rule keys by
+    the method (a route taking any method has no one counter to show: such rules are left out)."""
+    if route.methods is None or not any(_by_method(rule) for rule in rules):
+        return [None]
+    return sorted(route.methods)
 
 
 def _view(runtime: Runtime, admit: Admit) -> RequestView:
@@ -98,30 +114,39 @@ def _reads(runtime: Runtime, admit: Admit) -> list[_Read]:
     for name in _reported(runtime, admit, view):
         plan = runtime.plans[name]
         table = runtime.overrides.get(name)
-        shard = 0
-        for i, rule in enumerate(plan.rules):
-            try:
-                parts = rule_identity(rule, view)
-            except (IdentityMissing, BadRequest):
-                parts = None
-            if i == 0 and plan.shards > 1:
+        for method in _methods(plan.route, plan.rules):
+            view.method = method  # this usage request's own method is none of the route's
+            shard = 0
+            for i, rule in enumerate(plan.rules):
+                keyed_by_method = _by_method(rule)
+                try:
+                    parts = None if keyed_by_method and method is None else rule_identity(rule, view)
+                except (IdentityMissing, BadRequest):
+                    parts = None
+                if i == 0 and plan.shards > 1:
+                    if parts is None:
+                        break  # no identity to pick the shard by: nothing to say for this caller
+                    shard = plan.shard_of(parts)
                 if parts is None:
-                    break  # no identity to pick the shard by: the route has nothing to say for this caller
-                shard = plan.shard_of(parts)
-            if parts is None:
-                continue
-            found = keyed(plan, i, token_of(plan, i, parts), shard, table)
-            if found.unlimited:  # for this identity
-                continue
-            key = found.key
-            if key in seen:
-                routes = seen[key].routes
-                if routes is not None and name not in routes:
-                    routes.append(name)
-                continue
-            seen[key] = _Read(name, rule.name, found.rule.quota_size, found.spec, key, rule.shared)
-            out.append(seen[key])
+                    continue
+                found = keyed(plan, i, token_of(plan, i, parts), shard, table)
+                if found.unlimited:  # for this identity
+                    continue
+                key = found.key
+                if key in seen:
+                    routes = seen[key].routes
+                    if routes is not None and name not in routes:
+                        routes.append(name)
+                    continue
+                seen[key] = _Read(name, rule.name, found.rule.quota_size, found.spec, key, rule.shared,
+                                  method if keyed_by_method else None)
+                out.append(seen[key])
+    view.method = None
     return out
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _tag(key: str) -> str:
@@ -145,6 +170,8 @@ async def usage_answer(runtime: Runtime, admit: Admit) -> Reply:
                 for read, state in zip(part, decision.rules, strict=True):
                     row: dict[str, object] = {"route": read.route, "rule": read.rule, "limit": read.limit,
                                               "remaining": max(0, state.remaining), "reset_ms": state.reset_ms}
+                    if read.method is not None:
+                        row["method"] = read.method
                     if read.routes is not None:
                         row["routes"] = read.routes
                     rows.append(row)
@@ -153,8 +180,8 @@ async def usage_answer(runtime: Runtime, admit: Admit) -> Reply:
                                         route=admit.plan.route.name)
         headers.append((b"retry-after", b"1"))
         return status, headers, body
-    order = {(r.route, r.rule): n for n, r in enumerate(reads)}
-    rows.sort(key=lambda row: order[(str(row["route"]), str(row["rule"]))])
+    order = {(r.route, r.rule, r.method): n for n, r in enumerate(reads)}
+    rows.sort(key=lambda row: order[(str(row["route"]), str(row["rule"]), _str_or_none(row.get("method")))])
     named = {"consumer": admit.consumer or None} if runtime.config.keys is not None else {}
     body = json.dumps(named | {"usage": rows}, separators=(",", ":")).encode()
     return 200, [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),

@@ -284,3 +284,46 @@ def _rows(client: httpx.Client, key: str, headers: dict[str, str] | None = None)
     assert answer.status_code == 200, answer.text
     rows: list[dict[str, Any]] = answer.json()["usage"]
     return rows
+
+
+BY_METHOD = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+routes:
+  - name: usage
+    match: {{path: /rate_limit, methods: [GET]}}
+    respond: usage
+  - name: writes
+    match: {{path: "/echo/writes", methods: [POST, PUT]}}
+    upstream: up
+    limits: [{{name: per-method, by: ["header:X-Api-Key", method], algorithm: quota, limit: 2}}]
+  - name: anything
+    match: {{path: "/echo/anything"}}
+    upstream: up
+    limits:
+      - {{name: per-method, by: [method, "header:X-Api-Key"], algorithm: quota, limit: 2}}
+      - {{name: per-key, by: ["header:X-Api-Key"], algorithm: quota, limit: 9}}
+"""
+
+
+def test_a_rule_keyed_by_method_is_shown_for_each_method_its_route_counts(
+        tmp_path: Path, redis_proc: RedisProcess, upstream: Upstream) -> None:
+    """Before, the usage request's own GET was read as the method: a route taking POST showed a
+    counter no request ever spent (2 left after two POSTs spent both, an outside probe found)."""
+    proc = GatewayProcess(BY_METHOD.format(prefix=f"u{uuid.uuid4().hex[:8]}", upstream=upstream.url), tmp_path,
+                          redis_url=redis_proc.url)
+    proc.start()
+    try:
+        key = {"X-Api-Key": "k-" + uuid.uuid4().hex}
+        with httpx.Client(base_url=proc.url) as client:
+            assert [client.post("/echo/writes", headers=key).status_code for _ in range(3)] == [200, 200, 429]
+            assert client.put("/echo/writes", headers=key).status_code == 200
+            assert client.delete("/echo/anything", headers=key).status_code == 200
+            rows = client.get("/rate_limit", headers=key).json()["usage"]
+        shown = {(row["route"], row["rule"], row.get("method")): row["remaining"] for row in rows}
+        # a route taking any method has no one counter per method to show; its other rules are shown
+        assert shown == {("writes", "per-method", "POST"): 0, ("writes", "per-method", "PUT"): 1,
+                         ("anything", "per-key", None): 8}
+    finally:
+        assert proc.stop() == 0
