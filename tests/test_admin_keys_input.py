@@ -112,3 +112,21 @@ def test_an_impossible_cursor_is_a_400_naming_it(gateway: GatewayProcess, cursor
             assert answer.status_code == 400, (path, answer.status_code, answer.text)
             assert answer.headers["content-type"] == "application/problem+json"
             assert "cursor" in answer.json()["detail"], answer.text
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("PUT", "/keys?key=m1", b'{"plan": "free", "metadata": {"email": "\\ud800"}}'),
+    ("POST", "/keys", b'{"keys": [{"key": "m2", "plan": "free", "metadata": {"e": "\\udcff"}}]}'),
+    ("POST", "/keys", b'{"keys": [{"key": "\\ud800", "plan": "free"}]}'),
+    ("PUT", "/overrides/api/per-key?key=m3", b'{"limit": 5, "\\ud800": 1}'),
+])
+def test_an_escaped_lone_surrogate_is_a_400_and_writes_nothing(gateway: GatewayProcess, method: str, path: str,
+                                                               body: bytes) -> None:
+    """JSON lets "\\ud800" through, but it is no text: it failed where the value was encoded, a 500
+    (an outside probe)."""
+    answer = httpx.request(method, gateway.admin_url + path, content=body,
+                           headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    assert "lone surrogate" in answer.json()["detail"]
+    for key in ("m1", "m2", "m3"):
+        assert httpx.get(gateway.admin_url + "/keys", params={"key": key}).status_code == 404

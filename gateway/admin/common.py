@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import unquote_to_bytes
@@ -135,6 +136,18 @@ async def admin_body(request: Request, limit: int) -> bytes | Response:
         response = problem_response(408, f"the body did not arrive within {ADMIN_BODY_TIMEOUT:.0f}s")
     response.headers["connection"] = "close"
     return response
+
+
+def json_text(raw: bytes) -> Any:
+    """An admin write's JSON body. Raises ValueError (RecursionError when nested thousands deep),
+    also for an escaped lone surrogate ("\\ud800"): JSON lets one through, but it is not text, and
+    it would fail where the value is stored or shown."""
+    value = json.loads(raw)
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ValueError("a string holds a lone surrogate (an escaped \\ud800-\\udfff), which is not text") from None
+    return value
 
 
 MAX_CURSOR = 2**64  # Redis's SCAN cursors are unsigned 64-bit numbers

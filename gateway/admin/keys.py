@@ -33,6 +33,7 @@ from gateway.admin.common import (
     AdminControl,
     admin_body,
     is_cursor,
+    json_text,
     problem_response,
     query_bytes,
     runtime_of,
@@ -174,9 +175,11 @@ def key_routes(control: AdminControl) -> list[Route]:
         if isinstance(raw, Response):
             raise _Refused(raw)
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
+            return json_text(raw)
+        except RecursionError:
             raise _Invalid("", "the body must be JSON") from None
+        except ValueError as exc:
+            raise _Invalid("", f"the body must be JSON: {exc}") from None
 
     async def existing(store: KeyStore, named: list[int]) -> tuple[int, KeyEntry | None]:
         """The first of `named` that is registered, with its entry; else the last, with None."""

@@ -23,6 +23,7 @@ from gateway.admin.common import (
     control_of,
     each,
     is_cursor,
+    json_text,
     problem_response,
     route_rule,
     runtime_of,
@@ -120,7 +121,7 @@ async def one_override(request: Request) -> Response:
         if isinstance(raw, Response):
             return raw
         try:
-            body = json.loads(raw)
+            body = json_text(raw)
             parsed = parse_override(rule, body)
             if parsed is not None:
                 check_shards(plan, index, parsed)
