@@ -199,6 +199,11 @@ def test_admin_writes_without_a_token_come_from_loopback_only(tmp_path: Path, re
         assert remote.delete(reset).status_code == 401
         granted = remote.delete(reset, headers={"Authorization": "Bearer t0ken"})
         assert granted.status_code == 200 and granted.json()["reset"] is True
+        # the scheme in any case, the token without the whitespace around it (before: 401)
+        for spelled in ("bearer t0ken", "BEARER t0ken", "Bearer  t0ken"):  # (httpx sends no trailing space)
+            assert remote.delete(reset, headers={"Authorization": spelled}).status_code == 200, spelled
+        for wrong in ("Bearer t0ke", "Bearer t0ken2", "Basic t0ken", "Bearert0ken", "t0ken", "Bearer"):
+            assert remote.delete(reset, headers={"Authorization": wrong}).status_code == 401, wrong
     finally:
         remote.close()
         assert gateway.stop() == 0

@@ -66,8 +66,9 @@ def write_refusal(control: AdminControl, request: Request) -> Response | None:
     runtime = control.runtime
     token = runtime.config.admin_token if runtime else None
     if token:
-        given = request.headers.get("authorization", "").encode("latin-1")
-        if hmac.compare_digest(given, b"Bearer " + token.encode()):
+        # the scheme in any case (RFC 9110 11.1), the token without the whitespace around it
+        scheme, _, given = request.headers.get("authorization", "").strip(" \t").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.lstrip(" ").encode("latin-1"), token.encode()):
             return None
         return problem_response(401, "admin token required: Authorization: Bearer <admin.token>",
                                 headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'})
