@@ -228,7 +228,7 @@ class RequestView:
         if self._cookies is None:
             raw = self.header(b"cookie") or b""
             pieces = (piece.strip().partition(b"=") for piece in raw.split(b";"))
-            self._cookies = _Pairs("cookie", ((k, _cookie_value(v)) for k, sep, v in pieces if sep), b",")
+            self._cookies = _Pairs("cookie", ((k, cookie_value(v)) for k, sep, v in pieces if sep), b",")
         return self._cookies.get(name)
 
     def claim(self, name: str) -> bytes | None:
@@ -316,7 +316,7 @@ def body_identity(prefix: bytes, more: bool, limit: int) -> bytes:
 _ESCAPE = re.compile(rb"\\(?:([0-3][0-7][0-7])|(.))", re.DOTALL)
 
 
-def _cookie_value(raw: bytes) -> bytes:
+def cookie_value(raw: bytes) -> bytes:
     """A cookie value as frameworks hand it to the application, every reader's decoding applied
     (a value two readers would decode apart is one key, never two): a quoted value unquoted with
     its backslash escapes decoded (\\c, and \\ooo octal: Python's http.cookies, which Starlette,

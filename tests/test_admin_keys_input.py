@@ -130,3 +130,39 @@ def test_an_escaped_lone_surrogate_is_a_400_and_writes_nothing(gateway: GatewayP
     assert "lone surrogate" in answer.json()["detail"]
     for key in ("m1", "m2", "m3"):
         assert httpx.get(gateway.admin_url + "/keys", params={"key": key}).status_code == 404
+
+
+COOKIE_KEYS = """
+version: 1
+redis: {{timeout: 2s, key_prefix: {prefix}}}
+keys: {{source: "cookie:session_key", plans: [free]}}
+upstreams: {{up: {{url: "{upstream}"}}}}
+routes:
+  - name: api
+    match: {{path: /echo/api}}
+    upstream: up
+    limits: [{{name: per-key, by: ["cookie:session_key"], algorithm: fixed_window, limit: 100, window: 1m}}]
+"""
+
+
+def test_a_key_read_from_a_cookie_matches_the_key_as_issued(tmp_path: Path, redis_proc: RedisProcess,
+                                                            upstream: Upstream) -> None:
+    """A cookie's quotes and percent-escapes are decoded as frameworks decode them: a key holding
+    %41 or quotes, registered as issued and sent so, was never found (401; an outside probe)."""
+    gateway = GatewayProcess(COOKIE_KEYS.format(prefix=f"c{uuid.uuid4().hex[:8]}", upstream=upstream.url),
+                             tmp_path, redis_url=redis_proc.url)
+    gateway.start()
+    try:
+        issued = ["p%41" + uuid.uuid4().hex, '"q' + uuid.uuid4().hex + '"', "plain" + uuid.uuid4().hex]
+        for key in issued:
+            assert httpx.put(gateway.admin_url + "/keys", params={"key": key}, json={"plan": "free"}).status_code == 200
+
+        def admitted(key: str) -> bool:
+            return httpx.get(gateway.url + "/echo/api", headers={"Cookie": f"session_key={key}"}).status_code == 200
+
+        for key in issued:
+            wait_until(lambda key=key: admitted(key), timeout=2.0)
+        assert httpx.get(gateway.url + "/echo/api", headers={"Cookie": "session_key=unknown"}).status_code == 401
+        assert httpx.put(gateway.admin_url + "/keys", params={"key": '""'}, json={"plan": "free"}).status_code == 400
+    finally:
+        assert gateway.stop() == 0

@@ -50,6 +50,7 @@ from gateway.api_keys import (
 )
 from gateway.config import KeysSettings, Source
 from gateway.errors import RedisUnavailable
+from gateway.identity import cookie_value
 from gateway.overrides import Store
 from gateway.which_redis import needs_embedded_redis
 
@@ -75,14 +76,20 @@ class _Invalid(ValueError):
 
 
 def _key_bytes(raw: bytes, source: Source) -> bytes:
-    """A key as the `keys:` source will read it from a request: surrounding whitespace trimmed, and
-    a query parameter's invalid UTF-8 as U+FFFD (gateway/identity.py reads queries so)."""
+    """A key as the `keys:` source will read it from a request (gateway/identity.py): surrounding
+    whitespace trimmed, a query parameter's invalid UTF-8 as U+FFFD, a cookie's quotes and
+    percent-escapes decoded as frameworks decode them (so a key holding % or quotes, sent in the
+    cookie as issued, is the key registered)."""
     if not raw.strip():
         raise _Invalid("key", "is empty")
     if len(raw) > MAX_KEY_BYTES:
         raise _Invalid("key", f"is longer than {MAX_KEY_BYTES} bytes")
     if source.kind == "query":
         raw = raw.decode("utf-8", "replace").encode()
+    elif source.kind == "cookie":
+        raw = cookie_value(raw)
+        if not raw:
+            raise _Invalid("key", "is empty as a cookie reads it")
     return raw.strip(b" \t")
 
 
