@@ -160,8 +160,7 @@ def test_a_key_read_from_a_cookie_matches_the_key_as_issued(tmp_path: Path, redi
         def admitted(key: str) -> bool:
             return httpx.get(gateway.url + "/echo/api", headers={"Cookie": f"session_key={key}"}).status_code == 200
 
-        for key in issued:
-            wait_until(lambda key=key: admitted(key), timeout=2.0)
+        wait_until(lambda: all(admitted(key) for key in issued), timeout=2.0)
         assert httpx.get(gateway.url + "/echo/api", headers={"Cookie": "session_key=unknown"}).status_code == 401
         assert httpx.put(gateway.admin_url + "/keys", params={"key": '""'}, json={"plan": "free"}).status_code == 400
     finally:
