@@ -88,7 +88,7 @@ def parse_override(rule: Rule, body: Any) -> Rule | None:
     if not isinstance(body, dict):
         raise OverrideInvalid("", 'the body must be a JSON object of the rule\'s parameters, or {"unlimited": true}')
     if "unlimited" in body:
-        if body != {"unlimited": True}:
+        if len(body) != 1 or body["unlimited"] is not True:  # (1 == True to Python, not to JSON)
             raise OverrideInvalid("unlimited", "must be true, and alone in the body")
         return None
     algorithm = Algorithm(rule.algorithm)

@@ -177,6 +177,11 @@ def test_overrides_per_rule_are_bounded_by_max_overrides(pair: tuple[GatewayProc
     ({"limit": 5, "window": "1h", "rate": "5/s"}, "rate", "is not a parameter of fixed_window"),
     ({"limit": 5, "window": "soon"}, "window", "must be a duration"),
     ({"limit": 5, "window": "0.1ms"}, "window", "1ms to 100 years"),
+    # int() reads these as 50, and 1 == True to Python; no operator writes them so (an outside probe)
+    ({"limit": "5_0", "window": "1h"}, "limit", "digits 0-9"),
+    ({"limit": "+50", "window": "1h"}, "limit", "digits 0-9"),
+    ({"limit": "\u0665\u0660", "window": "1h"}, "limit", "digits 0-9"),
+    ({"unlimited": 1}, "unlimited", "must be true"),
     ({"unlimited": False}, "unlimited", "must be true"),
     ({"unlimited": True, "limit": 5}, "unlimited", "alone"),
     ([5, "1h"], None, "JSON object"),

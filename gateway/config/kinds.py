@@ -44,6 +44,18 @@ class Kind:
         return str(value)
 
 
+_WHOLE = re.compile(r"-?[0-9]+")
+
+
+def whole_number(text: str) -> int:
+    """A whole number written in ASCII digits: Python's int() also reads "5_0", "+5" and other
+    scripts' digits (Arabic-Indic 5 and 0), which no operator means as 50. Raises ValueError."""
+    stripped = text.strip()
+    if not _WHOLE.fullmatch(stripped):
+        raise ValueError(f"{text!r} is not written in digits 0-9")
+    return int(stripped)
+
+
 class Scalar(Kind):
     noun = ""  # "must be <noun>: <reason>"; empty: the reason alone
 
@@ -61,7 +73,7 @@ class Integer(Scalar):
         return f"integer {self.low}..{self.high}" if self.low != self.high else f"{self.low}"
 
     def parse(self, text: str) -> int:
-        value = int(text.strip())
+        value = whole_number(text)
         if not self.low <= value <= self.high:
             raise ValueError(f"{value} is outside {self.low}..{self.high}")
         return value

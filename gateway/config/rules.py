@@ -29,6 +29,7 @@ from gateway.config.kinds import (
     NAMELESS_SOURCES,
     SOURCE_KINDS,
     TYPED_SOURCES,
+    whole_number,
 )
 from gateway.config.model import (
     JwtSettings,
@@ -291,7 +292,7 @@ def _cost(node: yaml.Node, key: str, r: Reader) -> dict[str, Any]:
             r.problem(node, key, f"{text!r} names no valid header")
         return {"cost_header": header}
     try:
-        cost = int(text)
+        cost = whole_number(text)
         if not 1 <= cost <= MAX_COST:
             raise ValueError
     except ValueError:
