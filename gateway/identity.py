@@ -227,8 +227,9 @@ class RequestView:
     def cookie(self, name: bytes) -> bytes | None:
         if self._cookies is None:
             raw = self.header(b"cookie") or b""
-            pieces = (piece.strip().partition(b"=") for piece in raw.split(b";"))
-            self._cookies = _Pairs("cookie", ((k, cookie_value(v)) for k, sep, v in pieces if sep), b",")
+            pieces = (piece.partition(b"=") for piece in raw.split(b";"))
+            self._cookies = _Pairs("cookie", ((k.strip(_STR_SPACE), cookie_value(v)) for k, sep, v in pieces if sep),
+                                   b",")
         return self._cookies.get(name)
 
     def claim(self, name: str) -> bytes | None:
@@ -313,6 +314,9 @@ def body_identity(prefix: bytes, more: bool, limit: int) -> bytes:
     return digest.hexdigest().encode()
 
 
+# What str.strip() removes from a field decoded as Latin-1, as Starlette decodes a Cookie field
+# before stripping each name and value: NEL and NBSP, and the ASCII separators, too
+_STR_SPACE = bytes(c for c in range(256) if chr(c).isspace())
 _ESCAPE = re.compile(rb"\\(?:([0-3][0-7][0-7])|(.))", re.DOTALL)
 
 
@@ -320,13 +324,14 @@ def cookie_value(raw: bytes) -> bytes:
     """A cookie value as frameworks hand it to the application, every reader's decoding applied
     (a value two readers would decode apart is one key, never two): a quoted value unquoted with
     its backslash escapes decoded (\\c, and \\ooo octal: Python's http.cookies, which Starlette,
-    aiohttp and Django use), then percent-escapes (Express, PHP), then trimmed."""
-    value = raw.strip()
+    aiohttp and Django use), then percent-escapes (Express, PHP), then trimmed of whatever
+    whitespace any of them trims (Starlette's str.strip(): NBSP and NEL too)."""
+    value = raw.strip(_STR_SPACE)
     if len(value) >= 2 and value[:1] == b'"' and value[-1:] == b'"':
         value = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]) if m.group(1) else m.group(2), value[1:-1])
     if b"%" in value:
         value = unquote_to_bytes(value)
-    return value.strip(b" \t")
+    return value.strip(_STR_SPACE)
 
 
 def rule_identity(rule: Rule, view: RequestView) -> tuple[bytes, ...] | None:
