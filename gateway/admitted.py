@@ -55,7 +55,7 @@ class Admitted:
             try:
                 await asyncio.sleep(self.delay_ms / 1000)
             except BaseException:  # the client left while it waited
-                self._end()
+                self.end()
                 raise
         return self
 
@@ -71,9 +71,10 @@ class Admitted:
             self._settler.settle(self._settlement, status, declared)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._end()
+        self.end()
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """Settle with the last status and give the slots back (what leaving the context does)."""
         if self._settler is not None and self._settlement is not None:  # once: a no-op when the head settled it
             self._settler.settle(self._settlement, self.status, self._declared,
                                  self.usage.used if self.usage is not None else None)

@@ -17,11 +17,13 @@ which metrics and the access log read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import NamedTuple
 
 from starlette.types import Receive, Scope
 
+from gateway.admitted import Admitted
 from gateway.config import Route, Rule
 from gateway.decision import count_held
 from gateway.decision import decide as decide_rules
@@ -163,16 +165,52 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
                    more_body: bool) -> Admit | Answer:
     """The request's rules, in one limiter call."""
     route = plan.route
-    rules, keys, costs, args, shard, parts = identified
+    rules, keys, costs, args, _, _ = identified
     if not rules:
         return Admit(request, plan, RequestOutcome.ADMITTED, [], 0, view.body_prefix, more_body)
     token = new_token() if plan.holds_slots else b""
+    call = decide_rules(runtime, route.name, rules, keys, costs, args, token)
     try:
-        decision, from_memory = await decide_rules(runtime, route.name, rules, keys, costs, args, token)
+        if token or plan.settles:  # what it takes is given back if its client leaves meanwhile
+            decision, from_memory = await _kept(call, partial(
+                _abandoned, runtime, plan, request, view, identified, more_body, token))
+        else:
+            decision, from_memory = await call
     except RedisUnavailable:
         if route.failure_mode == "closed":
             return _failed_closed(request, route)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
+    return _decided(runtime, plan, request, view, identified, more_body, token, decision, from_memory)
+
+
+async def _kept(call: Awaitable[tuple[Decision, bool]],
+                abandoned: Callable[[asyncio.Future[tuple[Decision, bool]]], None]) -> tuple[Decision, bool]:
+    """The decision, its call run to the end even when the request's task is cancelled meanwhile (its
+    client left): Redis applies a call it was sent whether or not anyone waits for the reply, so
+    `abandoned` gets the call when it ends, to give back what it took."""
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(abandoned)
+        raise
+
+
+def _abandoned(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
+               more_body: bool, token: bytes, call: asyncio.Future[tuple[Decision, bool]]) -> None:
+    """An admission whose client left before it came: ended unanswered (499) at once, as the proxy ends
+    one whose client leaves before its answer: its slots back, `refund_on: [499]` refunded."""
+    if call.cancelled() or call.exception() is not None:
+        return  # Redis unavailable: whatever it took, the lease runs out
+    result = _decided(runtime, plan, request, view, identified, more_body, token, *call.result())
+    if isinstance(result, Admit):
+        Admitted(runtime, result).end()
+
+
+def _decided(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,
+             more_body: bool, token: bytes, decision: Decision, from_memory: bool) -> Admit | Answer:
+    route = plan.route
+    rules, keys, costs, args, shard, parts = identified
     if from_memory:
         return _refused(plan, rules, keys, parts, decision, DecidedBy.MEMORY, request.request_id)
     if not decision.admitted:
@@ -421,7 +459,8 @@ async def _read_prefix(receive: Receive, limit: int, timeout: float) -> tuple[by
     size = 0
     more = True
     while more and size <= limit:
-        message = await asyncio.wait_for(receive(), timeout)
+        async with asyncio.timeout(timeout):  # (3.11's wait_for drops a cancel that meets a message)
+            message = await receive()
         if message["type"] == "http.disconnect":
             return None, False
         chunk = message.get("body", b"")

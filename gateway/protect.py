@@ -37,6 +37,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 
 from gateway import metrics
 from gateway.config import Priority, Protect, Route
@@ -158,13 +159,25 @@ class Fleet:
     async def take(self, share: float, limit: float, min_limit: int) -> tuple[Lease | None, int, float, float]:
         """A slot (its lease; None: refused), the fleet's requests in flight, its limit and the limit in force."""
         token = new_token()
-        ok, count, limit_k, in_force_k = await self.limiter.protect(
+        call = asyncio.ensure_future(self.limiter.protect(
             [self.slots, self.state],
-            [b"take", token, round(share * 1000), self.lease_us, round(limit * 1000), min_limit])
-        lease = Lease(token, self.route, ["protect"], [self.slots], [1], [self.lease_us]) if ok else None
+            [b"take", token, round(share * 1000), self.lease_us, round(limit * 1000), min_limit]))
+        try:
+            ok, count, limit_k, in_force_k = await asyncio.shield(call)
+        except asyncio.CancelledError:  # the client left: Redis takes the slot anyway; give it back then
+            call.add_done_callback(partial(self._abandoned, token))
+            raise
+        lease = self._lease(token) if ok else None
         if lease is not None:
             self.leases.hold(lease)
         return lease, count, limit_k / 1000, in_force_k / 1000
+
+    def _lease(self, token: bytes) -> Lease:
+        return Lease(token, self.route, ["protect"], [self.slots], [1], [self.lease_us])
+
+    def _abandoned(self, token: bytes, call: asyncio.Future[list[int]]) -> None:
+        if not call.cancelled() and call.exception() is None and call.result()[0]:
+            self.leases.release(self._lease(token))
 
     def step(self, controller: Controller, window: float, probe: bool) -> None:
         """Propose the controller's new limit to the fleet; the limit the fleet holds comes back to it."""
@@ -288,7 +301,8 @@ class Guard:
         gauge = metrics.PROTECT_QUEUED.labels(self.upstream, self.route, priority.name)
         gauge.inc()
         try:
-            return await asyncio.wait_for(asyncio.shield(future), priority.queue_timeout)
+            async with asyncio.timeout(priority.queue_timeout):  # (3.11's wait_for can drop a cancel)
+                return await asyncio.shield(future)
         except TimeoutError:
             if future.done():  # given a place as its time ran out
                 return future.result()

@@ -8,6 +8,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -183,6 +184,27 @@ def test_a_gateway_that_dies_gives_its_slots_back_when_their_lease_runs_out(
     finally:
         for h in held:
             h.close()
+
+
+def test_clients_that_leave_as_soon_as_they_have_asked_hold_no_fleet_slot(
+        gateways: Callable[..., Gateways], upstream_own: Upstream, redis_proc: RedisProcess) -> None:
+    """Leaving while the take is at Redis: Redis takes the slot anyway, and the request's task,
+    cancelled, never learnt of it: the slot stayed taken for its whole lease, and the fleet answered
+    503 with nothing in flight (an outside probe)."""
+    fleet = gateways()
+    proc = fleet.start()
+    for _ in range(40):
+        sock = socket.create_connection(("127.0.0.1", proc.port))
+        sock.sendall(b"GET /inflight?delay=60 HTTP/1.1\r\nHost: a\r\n\r\n")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    slots = f"{fleet.prefix}:{{~protect:up:*}}:slots"
+    client = redis_proc.client()
+    try:  # every slot back as soon as its request ends (the lease is a minute)
+        wait_until(lambda: client.zcard(slots) == 0, timeout=5)
+    except TimeoutError:
+        raise AssertionError(f"{client.zcard(slots)} of {LIMIT} fleet slots held with nothing in flight") from None
+    assert httpx.get(proc.url + "/inflight", params={"delay": 0}).status_code == 200
 
 
 def _redis_now_us(client: object) -> int:
