@@ -47,6 +47,7 @@ MAX_ENTRIES = 16            # per descriptor: the depth a tree may have
 MAX_HITS = 1_000_000_000    # a request's or descriptor's hits_addend, as a rule's cost
 UNLIMITED_REMAINING = 2**32 - 1  # what envoyproxy/ratelimit reports for an unlimited descriptor
 _UNIT_WORDS = {code: word for word, code in pb.UNIT_NAMES.items()} | {5: "month", 6: "year"}
+_BODY_FIELDS = (b"content-type", b"content-length")  # a refusal's, of the body the RLS never sends
 
 
 class GrpcError(Exception):
@@ -363,7 +364,8 @@ class RateLimitService:
             if decision.admitted:
                 headers = ratelimit_headers(mode, rules, decision)
             else:
-                headers = [(n, v) for n, v in refusal(route, rules, decision)[1] if n != b"content-type"]
+                # the refusal's head less the framing of a body Envoy never sends (Envoy writes its own)
+                headers = [(n, v) for n, v in refusal(route, rules, decision)[1] if n not in _BODY_FIELDS]
             for name, value in headers:
                 response.response_headers_to_add.add(key=name.decode(), value=value.decode())
         statuses = response.statuses
