@@ -445,3 +445,17 @@ def _frames_until_closed(raw: Raw, held: bytes, seconds: float) -> list[Any]:
         frames.append(frame)
         offset += 9 + length
     return frames
+
+
+def test_an_answer_the_client_opens_no_window_for_does_not_keep_its_connection(short_idle_port: int) -> None:
+    """A client that sets its window to 0 and never opens it (it acknowledges SETTINGS and PING, as
+    any client does) held its connection, one of the worker's 4,096, for good: the answer waited
+    for ever. It is reset after the body timeout, and the idle connection closes (an outside probe)."""
+    raw = Raw(short_idle_port, {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    try:
+        raw.call(message("no-window"))
+        events = list(raw.events(time.monotonic() + within(3 * IDLE + 10)))
+        assert "closed" in events, events
+        assert not any(isinstance(e, h2.events.DataReceived) for e in events)
+    finally:
+        raw.close()

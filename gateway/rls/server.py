@@ -105,7 +105,8 @@ class GrpcProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, _Stream] = {}
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.pending: dict[int, bytes] = {}  # answers waiting for the client's flow-control window
+        # answers waiting for the client's flow-control window, with when they began to wait
+        self.pending: dict[int, tuple[bytes, float]] = {}
         self.buffered = 0  # bytes of bodies not yet ended, all streams together
         self.closing = False  # draining: no new call; closed once the calls in flight are answered
         self.flush_due = False  # answers made in this turn of the loop go out in one write
@@ -279,13 +280,13 @@ class GrpcProtocol(asyncio.Protocol):
         conn = self.conn
         conn.headers(stream_id, _RESPONSE_HEAD)
         if conn.window(stream_id) < len(frame):
-            self.pending[stream_id] = frame
+            self.pending[stream_id] = (frame, time.monotonic())
             return
         conn.data(stream_id, frame)
         conn.trailers(stream_id, _OK_TRAILERS)
 
     def _send_pending(self) -> None:
-        for stream_id, frame in list(self.pending.items()):
+        for stream_id, (frame, _) in list(self.pending.items()):
             if self.conn.window(stream_id) < len(frame):
                 continue  # this one waits for its window; the others need not
             self.conn.data(stream_id, frame)
@@ -318,7 +319,9 @@ class GrpcProtocol(asyncio.Protocol):
 
     def _close(self) -> None:
         if self.transport is not None:
-            self.transport.close()
+            self.transport.close()  # once what is written has gone: a client that never reads it...
+            if self.transport.get_write_buffer_size():
+                self.loop.call_later(self.body_timeout, self.transport.abort)  # ... has the body timeout
 
     def _calm(self, why: str) -> None:
         """A client past a bound: GOAWAY ENHANCE_YOUR_CALM, and the connection ends."""
@@ -345,13 +348,20 @@ class GrpcProtocol(asyncio.Protocol):
             self._close()
 
     def sweep(self, now: float) -> None:
-        """The timeouts: a call's body that does not end, a connection that opens no call. An
-        answer waiting for the client's window does not keep the connection."""
+        """The timeouts: a call's body that does not end, an answer the client opens no window for
+        (both the body timeout: a client that never sends WINDOW_UPDATE, or whose connection
+        libnghttp2 has ended for a protocol error, held it for good), a connection that opens no
+        call. An answer waiting for the client's window does not keep the connection."""
         for stream_id, stream in list(self.streams.items()):
             if now - stream.started > self.body_timeout:
                 self._forget(stream_id)
                 self.conn.reset(stream_id, CANCEL)
                 self._flush()  # before a GOAWAY below: libnghttp2 sends nothing after one that closes
+        for stream_id, (_, since) in list(self.pending.items()):
+            if now - since > self.body_timeout:
+                del self.pending[stream_id]
+                self.conn.reset(stream_id, CANCEL)
+                self._flush()
         if self.leaving is not None and now - self.leaving >= LEAVING_WAIT:
             self.drain()
         elif self.leaving is None and not self.tasks and not self.streams and now - self.active > self.idle_timeout:
