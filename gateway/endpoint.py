@@ -139,7 +139,7 @@ async def _forward_as_is(admit: Admit, receive: Receive, send: Send, request_id:
     elapsed = time.perf_counter() - started
     metrics.upstream_latency(name).observe(elapsed)
     if admit.slot is not None:
-        admit.slot.answered(forwarded.status, elapsed)
+        admit.slot.answered(forwarded.status, forwarded.head)
     if forwarded.aborted:
         metrics.upstream_errors(name, "aborted").inc()
     return forwarded.status

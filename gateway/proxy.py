@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -65,6 +66,9 @@ HeadHook = Callable[[int, httpx.Headers], frozenset[bytes]]
 class Forwarded(NamedTuple):
     status: int
     aborted: bool  # the response broke off after it had started: the client connection is ended
+    # seconds from the request's start to the answer's head: the upstream's time, whatever pace the
+    # client then takes the body at (what a protected upstream's limit learns from)
+    head: float = 0.0
 
 
 def make_transport(upstream: Upstream, kind: str = "lean") -> httpx.AsyncBaseTransport:
@@ -127,6 +131,7 @@ class UpstreamClient:
             request.method, self.url, headers=self._headers(request, body, request_id),
             stream=body if body is not None else _EMPTY, extensions={"target": target, "timeout": self.timeouts},
         )
+        asked = time.perf_counter()
         try:
             response = await self.transport.handle_async_request(outgoing)
         except httpx.TimeoutException as exc:
@@ -135,6 +140,7 @@ class UpstreamClient:
             raise UpstreamUnavailable(
                 f"upstream '{self.upstream.name}' failed: {exc.__class__.__name__}: {exc}") from None
         status = response.status_code
+        head = time.perf_counter() - asked
         if status == 101 and (not request.upgrade or switched is None):
             await response.aclose()
             raise UpstreamUnavailable(f"upstream '{self.upstream.name}' switched protocols unasked")
@@ -155,7 +161,7 @@ class UpstreamClient:
                 if upgraded is not None:
                     await upgraded.aclose()
                 await response.aclose()
-            return Forwarded(status, aborted=False)
+            return Forwarded(status, False, head)
         start = {"type": "http.response.start", "status": status, "headers": headers}
         if isinstance(stream, httpx.ByteStream):  # the whole body is in memory: one message, nothing to close
             await send(start)
@@ -164,7 +170,7 @@ class UpstreamClient:
             if usage is not None:
                 usage.feed(whole)
                 usage.end(True)
-            return Forwarded(status, aborted=False)
+            return Forwarded(status, False, head)
         try:
             assert isinstance(stream, httpx.AsyncByteStream)
             await send(start)
@@ -181,11 +187,11 @@ class UpstreamClient:
                 log.warning("upstream '%s' broke off its %d answer after it began (%s: %s): the client's "
                             "connection is ended; request id %s", self.upstream.name, status,
                             exc.__class__.__name__, exc, request_id.decode("latin-1"))
-                return Forwarded(status, aborted=True)
+                return Forwarded(status, True, head)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             if usage is not None:
                 usage.end(True)
-            return Forwarded(status, aborted=False)
+            return Forwarded(status, False, head)
         finally:
             await response.aclose()
 

@@ -391,3 +391,39 @@ def test_a_body_below_the_minimum_rate_is_too_slow_whatever_its_pauses(transport
         await pool.close()
 
     run(go())
+
+
+def test_the_upstreams_time_ends_with_the_answers_head_not_the_clients_reading(transport: str) -> None:
+    """What a protected upstream's limit learns from (Forwarded.head): three slow readers of a large
+    file once made a 50 ms upstream look 1.8 s slow, and honest requests were shed."""
+    body = b"x" * (1 << 20)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    class SlowReader(Collected):
+        """A client taking each part of the body a while after the last."""
+
+        paced = 0.0
+
+        async def __call__(self, message: MutableMapping[str, Any]) -> None:
+            await super().__call__(message)
+            if message["type"] == "http.response.body" and message.get("more_body"):
+                await asyncio.sleep(0.05)
+                self.paced += 0.05
+
+    async def go() -> None:
+        async with RawServer(handler) as server:
+            pool = pool_for(transport, server.url)
+            out = SlowReader()
+            request = Request(method="GET", path="/big", raw_path=b"/big", query=b"", peer="127.0.0.1",
+                              scheme="http", host=b"gw", forwarded_for=None, content_length=None, chunked=False,
+                              headers=[], first={}, repeated=frozenset())
+            forwarded = await pool.forward(request, None, out, [], b"rid")
+            assert out.body == body and out.paced >= 0.2, out.paced  # the client took its time
+            assert forwarded.head < out.paced, (forwarded.head, out.paced)
+            await pool.close()
+
+    run(go())
