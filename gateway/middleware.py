@@ -40,6 +40,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -106,10 +107,11 @@ class RateLimitMiddleware:
             await send_answer(send, problem(500, f"the rate limits could not be loaded:\n{self.error}"))
             return
         runtime = self.runtime or await self._start()
+        routed, mount = _within_mount(scope)
         with Envelope(runtime, self.accounting, scope) as envelope:
-            result = envelope.result = await decide(runtime, scope, receive, self.limits)
+            result = envelope.result = await decide(runtime, routed, receive, self.limits)
             if isinstance(result, Answer):
-                if _passes_to_app(result, runtime, scope):
+                if _passes_to_app(result, runtime, routed):
                     await self.app(scope, receive, _status_to(envelope, send))
                 elif result.outcome is not RequestOutcome.CLIENT_GONE:
                     envelope.request_id = result.request_id or b""
@@ -126,14 +128,15 @@ class RateLimitMiddleware:
                     receive = _replay(result.body_prefix, result.more_body, receive)
                 if result.headers:
                     send = _with_headers(send, result.headers)
-                await self._call_app(after, result, scope, receive, _status_to(envelope, send))
+                await self._call_app(after, result, _as_decided(scope, routed, mount, result.request), receive,
+                                     _status_to(envelope, send))
 
     async def _call_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive, send: Send) -> None:
         if not after.settles:
-            await self.app(_as_decided(scope, result.request), receive, send)
+            await self.app(scope, receive, send)
             return
         try:  # the app answered nothing: 499 (`after`'s default), the client left
-            await self.app(_as_decided(scope, result.request), receive, _settling(send, after, result.plan.withheld))
+            await self.app(scope, receive, _settling(send, after, result.plan.withheld))
         except BaseException:
             after.status = 500
             raise
@@ -144,11 +147,12 @@ class RateLimitMiddleware:
             await _refuse_websocket(scope, receive, send, problem(500, "the rate limits could not be loaded"), 1011)
             return
         runtime = self.runtime or await self._start()
-        handshake = _handshake(scope)
+        routed, mount = _within_mount(scope)
+        handshake = _handshake(routed)
         with Envelope(runtime, self.accounting, handshake) as envelope:
             result = envelope.result = await decide(runtime, handshake, _no_body, self.limits)
             if isinstance(result, Answer):
-                if _passes_to_app(result, runtime, scope):
+                if _passes_to_app(result, runtime, routed):
                     await self.app(scope, receive, send)
                     envelope.status = 101
                 elif result.outcome is not RequestOutcome.CLIENT_GONE:
@@ -157,7 +161,8 @@ class RateLimitMiddleware:
                 return
             envelope.request_id = request_id_for(result.request.request_id)
             async with Admitted(runtime, result) as after:  # slots held while the socket is open
-                await self._websocket_app(after, result, scope, receive, send)
+                await self._websocket_app(after, result, _as_decided(scope, routed, mount, result.request),
+                                          receive, send)
                 envelope.status = after.status if after.settles else 101
 
     async def _websocket_app(self, after: Admitted, result: Admit, scope: Scope, receive: Receive,
@@ -165,7 +170,7 @@ class RateLimitMiddleware:
         if result.headers:
             send = _with_headers(send, result.headers, "websocket.accept")
         if not after.settles:
-            await self.app(_as_decided(scope, result.request), receive, send)
+            await self.app(scope, receive, send)
             return
         accepted = False
 
@@ -175,7 +180,7 @@ class RateLimitMiddleware:
             await send(message)
 
         try:  # counted by the answer: a 101 when the app accepted, else the 403 servers answer for it
-            await self.app(_as_decided(scope, result.request), receive, sending)
+            await self.app(scope, receive, sending)
         finally:
             after.status = 101 if accepted else 403
 
@@ -240,11 +245,29 @@ def _passes_to_app(answer: Answer, runtime: Runtime, scope: Scope) -> bool:
     return answer.outcome in (RequestOutcome.NO_ROUTE, RequestOutcome.METHOD_NOT_ALLOWED)
 
 
-def _as_decided(scope: Scope, request: Request) -> Scope:
-    """The request as the limiter read it, for the app: the normalized path that was matched, field
-    values without surrounding whitespace, without the fields `Connection` named, and the framing of
-    a body the gateway rewrote."""
-    if request.path == scope["path"] and not request.dropped and not request.trimmed and not request.body_rewritten:
+def _within_mount(scope: Scope) -> tuple[Scope, bytes]:
+    """The request as the app's routes see it, and the raw prefix taken off: mounted under a path
+    (Starlette's Mount, a server's --root-path), an app routes on the path less `root_path`, as
+    Starlette's get_route_path does, so that is what routes.yaml's paths name. A raw path whose
+    first segments do not spell `root_path` is left whole."""
+    root: str = scope.get("root_path") or ""
+    path: str = scope["path"]
+    if not root or root == "/" or not (path == root or path.startswith(root + "/")):
+        return scope, b""
+    raw: bytes = scope.get("raw_path") or path.encode("utf-8")
+    segments = root.count("/")
+    prefix = b"/".join(raw.split(b"/", segments + 1)[:segments + 1])
+    if unquote(prefix.decode("latin-1"), errors="surrogateescape") != root:
+        return scope, b""
+    return {**scope, "path": path[len(root):] or "/", "raw_path": raw[len(prefix):] or b"/"}, prefix
+
+
+def _as_decided(scope: Scope, routed: Scope, mount: bytes, request: Request) -> Scope:
+    """The request as the limiter read it, for the app: the normalized path that was matched (under
+    the mount's, `routed` being the scope the limiter read), field values without surrounding
+    whitespace, without the fields `Connection` named, and the framing of a body the gateway
+    rewrote."""
+    if request.path == routed["path"] and not request.dropped and not request.trimmed and not request.body_rewritten:
         return scope
     headers = scope["headers"]
     if request.dropped:
@@ -254,7 +277,8 @@ def _as_decided(scope: Scope, request: Request) -> Scope:
     if request.body_rewritten:
         headers = [*((name, value) for name, value in headers if name not in (b"content-length", b"transfer-encoding")),
                    (b"content-length", b"%d" % (request.content_length or 0))]
-    return {**scope, "path": request.path, "raw_path": request.raw_path, "headers": headers}
+    root: str = (scope.get("root_path") or "") if mount else ""
+    return {**scope, "path": root + request.path, "raw_path": mount + request.raw_path, "headers": headers}
 
 
 def _replay(prefix: bytes, more: bool, receive: Receive) -> Receive:

@@ -146,6 +146,25 @@ def test_an_override_naming_a_method_no_route_takes_does_not_reach_the_app_uncou
     assert "may act on either" in walked.json()["detail"]
 
 
+def test_an_app_mounted_under_a_path_is_limited_by_the_paths_its_routes_name(tmp_path: Path,
+                                                                            redis_proc: RedisProcess) -> None:
+    """Under Starlette's Mount (or a server's --root-path) an app routes on the path less root_path:
+    before, the middleware matched the whole path, no route of routes.yaml matched, and every
+    request reached the app unlimited (an outside probe)."""
+    served = Served("mounted_app", tmp_path, redis_proc.url)
+    try:
+        who = {"X-User": f"u{uuid.uuid4().hex}"}
+        for i in range(3):
+            answer = served.client.post(f"/shop/orders/{i}", content=str(i).encode(), headers=who)
+            assert answer.status_code == 200 and answer.json()["item"] == str(i), answer.text
+        assert served.client.post("/shop/orders/3", content=b"3", headers=who).status_code == 429
+        # a path the limiter normalizes reaches the app under its mount still
+        answer = served.client.post("/shop/./orders/%34", content=b"4", headers={"X-User": f"v{uuid.uuid4().hex}"})
+        assert answer.status_code == 200 and answer.json()["item"] == "4", answer.text
+    finally:
+        assert "Traceback" not in served.stop()
+
+
 def test_the_app_sees_the_request_the_limiter_decided_on(served: Served) -> None:
     def raw(request: bytes) -> tuple[int, bytes]:
         with Conn(served.port) as conn:

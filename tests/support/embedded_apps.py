@@ -15,7 +15,7 @@ from fastapi import Request as FastAPIRequest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -68,6 +68,9 @@ starlette_app = Starlette(routes=[
     Route("/{name}", plain),
 ])
 starlette_app.add_middleware(RateLimitMiddleware, config=CONFIG, redis_url=REDIS_URL)
+
+# the same app mounted under /shop: its routes, and so routes.yaml's paths, are the paths under it
+mounted_app = Starlette(routes=[Mount("/shop", app=starlette_app)])
 
 
 
