@@ -51,6 +51,8 @@ def port() -> Iterator[int]:
     starlette = Starlette(routes=[Route("/stream", streamed, methods=["GET", "POST"])])
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("path") == "/boom":
+            raise RuntimeError("the handler failed")
         handler = messages_after_the_body if scope.get("path") == "/raw" else starlette
         await handler(scope, receive, send)
 
@@ -75,3 +77,11 @@ def test_a_streaming_response_that_listens_for_the_client_going_is_sent_whole(po
 def test_receive_after_the_whole_body_and_the_answer_is_the_clients_going(port: int) -> None:
     answer = httpx.post(f"http://127.0.0.1:{port}/raw", content=b"abc", timeout=5)
     assert answer.status_code == 200 and answer.content == b"ok"
+
+
+def test_a_handler_that_fails_is_answered_500_at_once(port: int) -> None:
+    """Before, the 500 waited for the request in service to end: the one that had failed, so it never
+    came, and the client waited on an open connection (an upstream URL of port 99999 did it)."""
+    answer = httpx.get(f"http://127.0.0.1:{port}/boom", timeout=5)
+    assert answer.status_code == 500 and answer.headers["content-type"] == "application/problem+json"
+    assert answer.headers["connection"] == "close"

@@ -482,11 +482,13 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _failed(self, exchange: Exchange, exc: BaseException) -> None:
+        """The request in service failed: its 500 now (not `_refuse`, which would wait for the
+        request in service to end first: this one, so it never came), and the connection ends, with
+        whatever was pipelined after it."""
         log.error("exception in the request handler", exc_info=exc)
         if not exchange.response_started and not self.transport.is_closing():
-            self._refuse(500, "the gateway failed to handle the request")
-        else:
-            self.transport.close()
+            self.transport.write(problem_bytes(500, "the gateway failed to handle the request"))
+        self.transport.close()
 
     def response_done(self, exchange: Exchange) -> None:
         self.server_state.total_requests += 1
