@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
+from gateway.urls import redis_url
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -82,7 +84,7 @@ class Option:
 
     field: str
     env: str
-    kind: type[int] | type[float] | type[str] | Callable[[str], bool]  # boolean: a switch (--flag alone)
+    kind: type[int] | type[float] | type[str] | Callable[[str], bool] | Callable[[str], str]  # boolean: a switch
     help: str
     flag: str | None = None
     chart: str | None = None  # the chart's value (helm/gateway/values.yaml) that sets it
@@ -136,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
            "seconds an RLS connection may go without a call before it is closed (PING and other frames do not count)"),
     Option("rls_body_timeout", "GATEWAY_RLS_BODY_TIMEOUT", float,
            "seconds an RLS call's body may take to end before its stream is reset (CANCEL)"),
-    Option("redis_url", "GATEWAY_REDIS_URL", str, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
+    Option("redis_url", "GATEWAY_REDIS_URL", redis_url, "Redis URL; overrides routes.yaml's redis.url", "--redis-url",
            chart="redis.url", unset="routes.yaml's, else the embedded Redis", metavar="URL"),
     Option("data_dir", "GATEWAY_DATA_DIR", str, "where the embedded Redis persists its state", "--data-dir",
            unset="a per-user state directory keyed by the config file's path ($XDG_STATE_HOME/ratelimit-gateway/...); "

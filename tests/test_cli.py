@@ -143,8 +143,10 @@ def test_help_shows_each_flag_with_its_environment_variable_and_default() -> Non
 
 def test_each_flag_and_each_variable_sets_its_setting() -> None:
     from gateway.settings import OPTIONS
+    from gateway.urls import redis_url
 
-    samples: dict[object, str] = {int: "7", float: "2.5", str: "/some/value", boolean: "1"}
+    samples: dict[object, str] = {int: "7", float: "2.5", str: "/some/value", boolean: "1",
+                                  redis_url: "redis://cache:6380/2"}
     for option in OPTIONS:
         expected = option.kind(samples[option.kind])
         assert getattr(from_env({option.env: samples[option.kind]}), option.field) == expected, option.env

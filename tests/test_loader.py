@@ -148,3 +148,37 @@ def test_random_documents_give_a_config_or_a_config_error(document: dict[str, ob
         parse_config(text, "fuzz.yaml", {})
     except ConfigError as exc:
         assert exc.problems and all(p.line >= 0 and p.key for p in exc.problems)
+
+
+@pytest.mark.parametrize(("field", "url", "key"), [
+    ("upstream", "http://127.0.0.1:99999", "upstreams.shop.url"),
+    ("upstream", "http://127.0.0.1:0", "upstreams.shop.url"),
+    ("upstream", "https://shop.example:http", "upstreams.shop.url"),
+    ("redis", "redis://127.0.0.1:99999", "redis.url"),
+    ("redis", "rediss://cache:-1", "redis.url"),
+])
+def test_a_url_naming_no_port_a_client_can_connect_to_is_refused(tmp_path: Path, field: str, url: str,
+                                                                 key: str) -> None:
+    """Before, `gateway check` passed them: an upstream's was a request that never got its answer, a
+    Redis's a worker that restarted for ever (an outside probe)."""
+    shop = url if field == "upstream" else "http://127.0.0.1:9000"
+    redis = f"redis: {{url: '{url}'}}\n" if field == "redis" else ""
+    path = tmp_path / "routes.yaml"
+    path.write_text(f"version: 1\n{redis}upstreams:\n  shop: {{url: '{shop}'}}\n"
+                    "routes:\n  - {name: a, match: {path: /a}, upstream: shop}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert any(key in p.key and "port" in p.message for p in caught.value.problems), caught.value
+
+
+def test_a_redis_url_flag_or_variable_naming_no_port_is_refused_before_anything_starts() -> None:
+    import subprocess
+    import sys
+
+    flag = subprocess.run([sys.executable, "-m", "gateway", "serve", "--redis-url", "redis://127.0.0.1:99999",
+                           "--config", str(REPO / "routes.yaml")], capture_output=True, text=True, timeout=60)
+    assert flag.returncode == 2 and "argument --redis-url: invalid" in flag.stderr, flag.stderr
+    env = {**os.environ, "GATEWAY_REDIS_URL": "redis://127.0.0.1:99999"}
+    variable = subprocess.run([sys.executable, "-m", "gateway", "check", str(REPO / "routes.yaml")],
+                              capture_output=True, text=True, timeout=60, env=env)
+    assert variable.returncode == 2 and "GATEWAY_REDIS_URL" in variable.stderr, variable.stderr

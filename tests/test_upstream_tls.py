@@ -120,3 +120,22 @@ def test_a_missing_client_certificate_or_an_untrusted_server_is_a_502(gateway: G
             assert response.headers["content-type"] == "application/problem+json"
         unverified = client.get("/unverified/a")  # verify: false is the operator's explicit choice
         assert unverified.status_code == 200 and json.loads(unverified.text)["http_version"] == "1.1"
+
+
+def test_tls_files_openssl_cannot_read_are_refused_with_their_line(certs: dict[str, Path], tmp_path: Path) -> None:
+    """Before, `gateway check` passed a CA that is not PEM (or a certificate and a key of two
+    pairs), and the first request to the upstream never got its answer (an outside probe)."""
+    from gateway.config import load_config
+    from gateway.errors import ConfigError
+
+    not_pem = tmp_path / "ca.txt"
+    not_pem.write_text("not a certificate\n")
+    for tls, key in [(f"{{ca: '{not_pem}'}}", "upstreams.up.tls.ca"),
+                     (f"{{cert: '{certs['client_cert']}', key: '{certs['server_key']}'}}", "upstreams.up.tls.cert")]:
+        path = tmp_path / "routes.yaml"
+        path.write_text(f"version: 1\nupstreams:\n  up:\n    url: https://127.0.0.1:8443\n    tls: {tls}\n"
+                        "routes:\n  - {name: a, match: {path: /a}, upstream: up}\n")
+        with pytest.raises(ConfigError) as caught:
+            load_config(path, env={})
+        assert [(p.line, p.key) for p in caught.value.problems] == [(5, key)], caught.value
+        assert "OpenSSL" in caught.value.problems[0].message

@@ -32,6 +32,7 @@ from gateway.config.kinds import (
     Status,
     Template,
     Text,
+    Url,
     Window,
     Zone,
 )
@@ -241,8 +242,8 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.RLS_DESCRIPTOR, "descriptors", ListOf(Section(Place.RLS_DESCRIPTOR)), "Entries that may follow "
        "this one."),
 
-    _f(REDIS, "url", Text(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
-                          nullable=True, what="URL"),
+    _f(REDIS, "url", Url(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
+                         nullable=True, what="URL"),
        "redis://, rediss:// or unix://; empty: embedded. GATEWAY_REDIS_URL and --redis-url override it.",
        default=""),
     _f(REDIS, "mode", Choice(REDIS_MODES), "Redis topology.", default="standalone"),
@@ -289,7 +290,7 @@ FIELDS: tuple[Field, ...] = (
        "again: how long an admin reset of a key may take to reach the other workers and hosts.",
        default=1.0, attr="local_refusals_hold"),
 
-    _f(UPSTREAM, "url", Text(r"^https?://[^/\s]+(/\S*)?$", "{value!r} must be an http:// or https:// URL", what="URL"),
+    _f(UPSTREAM, "url", Url(r"^https?://[^/\s]+(/\S*)?$", "{value!r} must be an http:// or https:// URL", what="URL"),
        "http:// or https:// base URL.", required=""),
     _f(UPSTREAM, "timeout", Duration(), "Longest wait for the upstream's answer (504 past it).", default=10.0),
     _f(UPSTREAM, "connect_timeout", Duration(), "Longest wait to connect (502 past it).", default=1.0),

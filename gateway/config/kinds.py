@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.calendars import NOMINAL, ZONE_SHAPE, Period, zone_problem
 from gateway.units import parse_duration, parse_rate
+from gateway.urls import reachable
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -226,6 +227,14 @@ class Text(Scalar):
         text["pattern"] = self.pattern
         alternatives = [{"type": "null"}] if self.nullable else []
         return {"anyOf": [*alternatives, text, ENV]}
+
+
+@dataclass(frozen=True)
+class Url(Text):
+    """A URL matching `pattern` that names a port a client can connect to, if it names one."""
+
+    def parse(self, text: str) -> str:
+        return reachable(super().parse(text)) if text else text
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -219,7 +220,26 @@ def _tls(node: yaml.Node, key: str, r: Reader) -> UpstreamTls | None:
             r.problem(found.nodes[name], f"{key}.{name}", f"no such file: {path}")
     if ("cert" in values) != ("key" in values):
         r.problem(node, key, "cert and key go together (a client certificate and its private key)")
+    _tls_readable(found, key, values, r)
     return UpstreamTls(**values)
+
+
+def _tls_readable(found: Found, key: str, values: dict[str, Any], r: Reader) -> None:
+    """The files as OpenSSL will read them at the first connection (a CA that is not PEM was a
+    request that never got its answer)."""
+    ca, cert, private = values.get("ca"), values.get("cert"), values.get("key")
+    context = ssl.create_default_context()
+    if ca and os.path.isfile(ca):
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (ssl.SSLError, OSError) as exc:
+            r.problem(found.nodes["ca"], f"{key}.ca", f"{ca} holds no certificate OpenSSL can read (PEM): {exc}")
+    if cert and private and os.path.isfile(cert) and os.path.isfile(private):
+        try:
+            context.load_cert_chain(cert, private)
+        except (ssl.SSLError, OSError) as exc:
+            r.problem(found.nodes["cert"], f"{key}.cert",
+                      f"{cert} and {private} are no certificate and private key OpenSSL can pair (PEM): {exc}")
 
 
 def _keys(node: yaml.Node, r: Reader, jwt: JwtSettings) -> KeysSettings | None:
