@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d)\s*$")
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|min|minute|m|h|hour|d|day)\s*$")
+# ASCII digits: \d takes any script's (Arabic-Indic 1 and 0 and "s" were ten seconds), as whole numbers do not
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h|d)\s*$")
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|sec|second|min|minute|m|h|hour|d|day)\s*$")
 
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _PER = {

@@ -382,6 +382,8 @@ BEYOND_A_SCHEMA = {
     "yaml_alias": "the YAML text (a schema sees the resolved document)",
     "route_after_a_catch_all": "the order of the routes",
     "method_misspelled": "a list of known methods (kept in the loader, for its did-you-mean)",
+    "upstream_twice": "the YAML text (a document keeps one of two equal keys)",
+    "nested_env_default": "the environment references (a schema sees them as text)",
 }
 NOT_YAML = {"not_yaml", "spec_unquoted_braces"}
 

@@ -96,6 +96,7 @@ async def _reload_every_worker(control: AdminControl) -> tuple[bool, str]:
     except ConfigError as exc:
         metrics.RELOADS.labels("error").inc()
         reload_log.note(False, str(exc))
+        log.error("reload refused, keeping the current config:\n%s", exc)  # as a SIGHUP's is
         return False, str(exc)
     outcome = control.next_reload()
     os.kill(os.getppid(), signal.SIGHUP)

@@ -293,7 +293,8 @@ FIELDS: tuple[Field, ...] = (
     _f(UPSTREAM, "url", Url(r"^https?://[^/\s]+(/\S*)?$", "{value!r} must be an http:// or https:// URL", what="URL"),
        "http:// or https:// base URL.", required=""),
     _f(UPSTREAM, "timeout", Duration(), "Longest wait for the upstream's answer (504 past it).", default=10.0),
-    _f(UPSTREAM, "connect_timeout", Duration(), "Longest wait to connect (502 past it).", default=1.0),
+    _f(UPSTREAM, "connect_timeout", Duration(), "Longest wait to connect (504 past it, as nginx's "
+       "proxy_connect_timeout; a refused connection is a 502).", default=1.0),
     _f(UPSTREAM, "max_connections", Integer(1, 100_000), "Connection pool size.", default=512),
     _f(UPSTREAM, "http2", Boolean(), "true: speak HTTP/2 to this upstream (needs an https:// url; "
        "negotiated by ALPN).", default=False),

@@ -187,11 +187,16 @@ def _upstreams(top: Found, r: Reader, jwt: JwtSettings) -> dict[str, Upstream]:
         r.problem(node, "upstreams", "must be a mapping of name -> upstream")
         return {}
     out: dict[str, Upstream] = {}
+    named: set[str] = set()
     for knode, vnode in node.value:
         name = r.value(knode, "upstreams", Name())
         if name is None:
             continue
         key = f"upstreams.{name}"
+        if name in named:  # (YAML keeps the last: the first would be silently gone)
+            r.problem(knode, key, "appears twice")
+            continue
+        named.add(name)
         found = r.section(vnode, key, Place.UPSTREAM)
         if found is None or found.missing:
             continue

@@ -186,6 +186,9 @@ class Reader(YamlReader):
             if name in self.env:
                 return self.env[name]
             if default is not None:
+                if "${" in default:  # `${A:-${B}}`: the inner reference would be kept as text
+                    self.problem(node, key, f"the default of ${{{name}}} holds a reference; "
+                                            "nested references are not supported")
                 return default
             self.problem(node, key, f"environment variable {name} is not set (use ${{{name}:-}})")
             return ""
