@@ -182,3 +182,33 @@ def test_a_redis_url_flag_or_variable_naming_no_port_is_refused_before_anything_
     variable = subprocess.run([sys.executable, "-m", "gateway", "check", str(REPO / "routes.yaml")],
                               capture_output=True, text=True, timeout=60, env=env)
     assert variable.returncode == 2 and "GATEWAY_REDIS_URL" in variable.stderr, variable.stderr
+
+
+@pytest.mark.parametrize(("match", "words"), [
+    ("{path: /a, host: 'shop.example:8080'}", "without its port"),
+    ("{path: /a, host: '*.shop.example'}", "wildcards"),
+    ("{path: '/q?x=1'}", "without a query"),
+    ("{path: '/x/../y'}", "dot segments"),
+    ("{path: '/m//n'}", "repeated slashes"),
+    ("{path: '/m/./n'}", "dot segments"),
+])
+def test_a_match_no_request_could_meet_is_refused(tmp_path: Path, match: str, words: str) -> None:
+    """Requests are matched on their path after normalization and on their host without its port:
+    such a route never matched, and its requests went on to a later route, past its limits (an
+    outside probe: `gateway check` passed them)."""
+    path = tmp_path / "routes.yaml"
+    path.write_text("version: 1\nupstreams: {shop: {url: 'http://127.0.0.1:9000'}}\n"
+                    f"routes:\n  - {{name: a, match: {match}, upstream: shop}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, env={})
+    assert any(p.line == 4 and words in p.message for p in caught.value.problems), caught.value
+
+
+def test_a_host_is_read_as_requests_name_it() -> None:
+    """Upper case, a trailing dot and an internationalized name: what clients send (xn--) matches."""
+    for written, read in [("Shop.Example.", "shop.example"), ("bücher.example", "xn--bcher-kva.example"),
+                          ("[::1]", "[::1]")]:
+        config = parse_config("version: 1\nupstreams: {shop: {url: 'http://127.0.0.1:9000'}}\n"
+                              f"routes:\n  - {{name: a, match: {{path: /a, host: '{written}'}}, upstream: shop}}\n",
+                              "routes.yaml", {})
+        assert config.routes[0].host == read

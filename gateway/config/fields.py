@@ -20,6 +20,7 @@ from gateway.config.kinds import (
     Conditions,
     Cost,
     Duration,
+    HostName,
     Integer,
     Kind,
     ListOf,
@@ -380,7 +381,8 @@ FIELDS: tuple[Field, ...] = (
        "Methods the route owns (any other is a 405); absent: every method.", default=None),
     _f(MATCH, "plan", ListOf(Name(), single=True), "The plan (or plans) of the request's API key (`keys:`); "
        "`none`: a key unknown or absent, with keys.unknown: pass."),
-    _f(MATCH, "host", Text(), "Host the request must name (case-insensitive); absent: any.", default=None),
+    _f(MATCH, "host", HostName(), "Host the request must name (case-insensitive, without its port; an "
+       "internationalized name as clients send it, xn--); absent: any.", default=None),
     _f(MATCH, "headers", Conditions(presence=True), "Headers the request must carry: NAME: VALUE, NAME: [VALUES] "
        "or NAME: true (present). Not met: the next route is tried.", default=None),
     _f(MATCH, "jwt", Conditions(), "Claims of a verified bearer token: CLAIM: VALUE or [VALUES] (needs the jwt: "

@@ -230,6 +230,28 @@ class Text(Scalar):
 
 
 @dataclass(frozen=True)
+class HostName(Text):
+    """A host a route matches, as requests' hosts are matched: lower case, without a trailing dot,
+    an internationalized name in its ASCII form (what clients send); no port, no wildcard."""
+
+    what: str = "host name"
+
+    def parse(self, text: str) -> str:
+        host = text.strip().lower()
+        if "*" in host:
+            raise ValueError(f"{text!r}: wildcards are not supported (a route per host)")
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            raise ValueError(f"{text!r}: a host is matched without its port")
+        host = host.rstrip(".")
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                raise ValueError(f"{text!r} is no host name ({exc})") from None
+        return host
+
+
+@dataclass(frozen=True)
 class Url(Text):
     """A URL matching `pattern` that names a port a client can connect to, if it names one."""
 
@@ -272,6 +294,14 @@ class Template(Scalar):
             raise ValueError(f"{text!r} names a parameter twice")
         if any(m.group(2) == "path" and m.end() != len(text) for m in PARAM.finditer(text)):
             raise ValueError(f"{text!r}: a {{name:path}} parameter must come last")
+        # requests are matched on their path alone, after dot segments and repeated slashes are
+        # resolved: a template holding either would never match (its requests went to a later route)
+        if "?" in text or "#" in text:
+            raise ValueError(f"{text!r}: a request is matched on its path, without a query or fragment")
+        segments = text.split("/")[1:]
+        if "//" in text or any(segment in (".", "..") for segment in segments):
+            raise ValueError(f"{text!r}: requests are matched with dot segments and repeated slashes "
+                             "resolved, so no request could match it")
         return text
 
     def schema(self) -> Schema:
