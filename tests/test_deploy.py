@@ -446,7 +446,9 @@ def pod_env(deployment: dict[str, Any]) -> dict[str, str]:
             env[item["name"]] = item["value"]
         else:
             ref = item["valueFrom"]["secretKeyRef"]
-            env[item["name"]] = f"from-secret-{ref['name']}-{ref['key']}"
+            made_up = f"from-secret-{ref['name']}-{ref['key']}"
+            # a Redis URL is checked as one (gateway/urls.py): the made-up value is one
+            env[item["name"]] = f"redis://{made_up}:6379" if item["name"] == "GATEWAY_REDIS_URL" else made_up
     return env
 
 
