@@ -21,7 +21,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.clock_windows  # counts under windows aligned to the clock (tests/conftest.py)
 
-CONFIG = """
+# the file of each test: a usage route first, then the routes it reports
+USAGE_FIRST = """
 version: 1
 redis: {{timeout: 2s, key_prefix: {prefix}}}
 upstreams: {{up: {{url: "{upstream}"}}}}
@@ -29,6 +30,8 @@ routes:
   - name: usage
     match: {{path: /rate_limit, methods: [GET]}}
     respond: usage
+"""
+CONFIG = USAGE_FIRST + """\
     limits: [{{name: polls, by: [ip], algorithm: fixed_window, limit: 100, window: 1m}}]
   - name: search
     match: {{path: "/echo/search"}}
@@ -286,14 +289,7 @@ def _rows(client: httpx.Client, key: str, headers: dict[str, str] | None = None)
     return rows
 
 
-BY_METHOD = """
-version: 1
-redis: {{timeout: 2s, key_prefix: {prefix}}}
-upstreams: {{up: {{url: "{upstream}"}}}}
-routes:
-  - name: usage
-    match: {{path: /rate_limit, methods: [GET]}}
-    respond: usage
+BY_METHOD = USAGE_FIRST + """\
   - name: writes
     match: {{path: "/echo/writes", methods: [POST, PUT]}}
     upstream: up
