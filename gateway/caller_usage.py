@@ -145,10 +145,6 @@ def _reads(runtime: Runtime, admit: Admit) -> list[_Read]:
     return out
 
 
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
 def _tag(key: str) -> str:
     return key[key.index("{") + 1:key.index("}")]
 
@@ -156,33 +152,32 @@ def _tag(key: str) -> str:
 async def usage_answer(runtime: Runtime, admit: Admit) -> Reply:
     """The caller's usage as JSON (200), or a 503 problem when Redis does not answer."""
     reads = _reads(runtime, admit)
-    groups: dict[str, list[_Read]] = defaultdict(list)
+    groups: dict[str, list[int]] = defaultdict(list)  # places in `reads`, by the hash tag of their keys
     cluster = runtime.redis.mode == "cluster"
-    for read in reads:
-        groups[_tag(read.key) if cluster else ""].append(read)
-    rows: list[dict[str, object]] = []
+    for n, read in enumerate(reads):
+        groups[_tag(read.key) if cluster else ""].append(n)
+    rows: dict[int, dict[str, object]] = {}  # by the read's place: the answer keeps the reads' order
     try:
         for group in groups.values():
             for at in range(0, len(group), MAX_PER_CALL):
                 part = group[at:at + MAX_PER_CALL]
-                decision = await runtime.limiter.decide([r.spec for r in part], [r.key for r in part],
+                decision = await runtime.limiter.decide([reads[n].spec for n in part], [reads[n].key for n in part],
                                                         [0] * len(part), peek=True)
-                for read, state in zip(part, decision.rules, strict=True):
+                for n, state in zip(part, decision.rules, strict=True):
+                    read = reads[n]
                     row: dict[str, object] = {"route": read.route, "rule": read.rule, "limit": read.limit,
                                               "remaining": max(0, state.remaining), "reset_ms": state.reset_ms}
                     if read.method is not None:
                         row["method"] = read.method
                     if read.routes is not None:
                         row["routes"] = read.routes
-                    rows.append(row)
+                    rows[n] = row
     except RedisUnavailable:
         status, headers, body = problem(503, "usage is unavailable: Redis does not answer; try again shortly",
                                         route=admit.plan.route.name)
         headers.append((b"retry-after", b"1"))
         return status, headers, body
-    order = {(r.route, r.rule, r.method): n for n, r in enumerate(reads)}
-    rows.sort(key=lambda row: order[(str(row["route"]), str(row["rule"]), _str_or_none(row.get("method")))])
     named = {"consumer": admit.consumer or None} if runtime.config.keys is not None else {}
-    body = json.dumps(named | {"usage": rows}, separators=(",", ":")).encode()
+    body = json.dumps(named | {"usage": [rows[n] for n in sorted(rows)]}, separators=(",", ":")).encode()
     return 200, [(b"content-type", b"application/json"), (b"cache-control", b"no-store"),
                  (b"content-length", b"%d" % len(body))], body

@@ -17,7 +17,7 @@ which metrics and the access log read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from functools import partial
 from typing import NamedTuple
 
@@ -30,6 +30,7 @@ from gateway.decision import decide as decide_rules
 from gateway.errors import BadRequest, IdentityMissing, RedisUnavailable
 from gateway.http.request import Original, Request, read_request
 from gateway.identity import RequestView, rule_identity
+from gateway.kept import kept
 from gateway.keying import keyed, token_of
 from gateway.keys import shown
 from gateway.known_identities import Identified, KnownIdentities
@@ -172,7 +173,7 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
     call = decide_rules(runtime, route.name, rules, keys, costs, args, token)
     try:
         if token or plan.settles:  # what it takes is given back if its client leaves meanwhile
-            decision, from_memory = await _kept(call, partial(
+            decision, from_memory = await kept(call, partial(
                 _abandoned, runtime, plan, request, view, identified, more_body, token))
         else:
             decision, from_memory = await call
@@ -181,19 +182,6 @@ async def _limited(runtime: Runtime, plan: RoutePlan, request: Request, view: Re
             return _failed_closed(request, route)
         return Admit(request, plan, RequestOutcome.FAILED_OPEN, [], 0, view.body_prefix, more_body)
     return _decided(runtime, plan, request, view, identified, more_body, token, decision, from_memory)
-
-
-async def _kept(call: Awaitable[tuple[Decision, bool]],
-                abandoned: Callable[[asyncio.Future[tuple[Decision, bool]]], None]) -> tuple[Decision, bool]:
-    """The decision, its call run to the end even when the request's task is cancelled meanwhile (its
-    client left): Redis applies a call it was sent whether or not anyone waits for the reply, so
-    `abandoned` gets the call when it ends, to give back what it took."""
-    task = asyncio.ensure_future(call)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        task.add_done_callback(abandoned)
-        raise
 
 
 def _abandoned(runtime: Runtime, plan: RoutePlan, request: Request, view: RequestView, identified: Identified,

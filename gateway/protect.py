@@ -43,6 +43,7 @@ from gateway import metrics
 from gateway.config import Priority, Protect, Route
 from gateway.errors import RedisUnavailable
 from gateway.identity import RequestView
+from gateway.kept import kept
 from gateway.keys import protect_keys
 from gateway.leases import Lease, Leases, new_token
 from gateway.limiter import Limiter
@@ -159,14 +160,10 @@ class Fleet:
     async def take(self, share: float, limit: float, min_limit: int) -> tuple[Lease | None, int, float, float]:
         """A slot (its lease; None: refused), the fleet's requests in flight, its limit and the limit in force."""
         token = new_token()
-        call = asyncio.ensure_future(self.limiter.protect(
+        call = self.limiter.protect(
             [self.slots, self.state],
-            [b"take", token, round(share * 1000), self.lease_us, round(limit * 1000), min_limit]))
-        try:
-            ok, count, limit_k, in_force_k = await asyncio.shield(call)
-        except asyncio.CancelledError:  # the client left: Redis takes the slot anyway; give it back then
-            call.add_done_callback(partial(self._abandoned, token))
-            raise
+            [b"take", token, round(share * 1000), self.lease_us, round(limit * 1000), min_limit])
+        ok, count, limit_k, in_force_k = await kept(call, partial(self._abandoned, token))
         lease = self._lease(token) if ok else None
         if lease is not None:
             self.leases.hold(lease)

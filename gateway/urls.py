@@ -8,6 +8,7 @@ import re
 from urllib.parse import urlsplit
 
 REDIS_SCHEMES = re.compile(r"^(redis|rediss|unix)://")
+REDIS_SCHEMES_SAID = "must start with redis://, rediss:// or unix://"
 
 
 def reachable(url: str) -> str:
@@ -24,5 +25,5 @@ def reachable(url: str) -> str:
 def redis_url(url: str) -> str:
     """A Redis URL as --redis-url and GATEWAY_REDIS_URL take it; ValueError when it cannot be one."""
     if not REDIS_SCHEMES.match(url):
-        raise ValueError(f"{url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(f"{url!r} {REDIS_SCHEMES_SAID}")
     return reachable(url)

@@ -37,6 +37,7 @@ from gateway.config.kinds import (
     Window,
     Zone,
 )
+from gateway.urls import REDIS_SCHEMES, REDIS_SCHEMES_SAID
 
 
 class Place(StrEnum):
@@ -243,8 +244,7 @@ FIELDS: tuple[Field, ...] = (
     _f(Place.RLS_DESCRIPTOR, "descriptors", ListOf(Section(Place.RLS_DESCRIPTOR)), "Entries that may follow "
        "this one."),
 
-    _f(REDIS, "url", Url(r"^$|^(redis|rediss|unix)://", "must start with redis://, rediss:// or unix://",
-                         nullable=True, what="URL"),
+    _f(REDIS, "url", Url("^$|" + REDIS_SCHEMES.pattern, REDIS_SCHEMES_SAID, nullable=True, what="URL"),
        "redis://, rediss:// or unix://; empty: embedded. GATEWAY_REDIS_URL and --redis-url override it.",
        default=""),
     _f(REDIS, "mode", Choice(REDIS_MODES), "Redis topology.", default="standalone"),
